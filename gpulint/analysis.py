@@ -1,0 +1,860 @@
+"""Shared analyses every rule may ask for (catalog §0.3), computed once per file in one pre-pass.
+
+- import/alias resolution to qualified names,
+- bindings per scope (what each local name was assigned, in source order),
+- nn.Module subclasses, hot regions (forward, compiled functions, training-step loops, step functions),
+- CUDA-target / CPU-source / tensor evidence, bool-mask expressions, scalar literals.
+
+Everything here is syntactic and flow-insensitive except where noted; rules must stay on the safe side
+of "unknown".
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import libcst as cst
+
+# ---------------------------------------------------------------------------------------------
+# small syntax helpers
+
+
+def dotted_name(node: cst.BaseExpression | None) -> str | None:
+    """`a.b.c` for Name/Attribute chains, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def string_value(node: cst.BaseExpression | None) -> str | None:
+    if isinstance(node, cst.SimpleString):
+        try:
+            value = node.evaluated_value
+        except Exception:  # noqa: BLE001 - odd prefixes; treat as unknown
+            return None
+        return value if isinstance(value, str) else None
+    if isinstance(node, cst.ConcatenatedString):
+        left, right = string_value(node.left), string_value(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def call_arg(call: cst.Call, keyword: str, position: int | None = None) -> cst.Arg | None:
+    """The argument bound to `keyword`, or the positional one at `position`."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    if position is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) > position:
+            return positional[position]
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(arg.star for arg in call.args)
+
+
+def method_name(call: cst.Call) -> str | None:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+
+
+def is_true(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
+def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.Call]:
+    """All calls below `node`, not descending into nested defs/lambdas/classes unless asked."""
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if current is not node and not into_functions and isinstance(
+            current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+        ):
+            continue
+        if isinstance(current, cst.Call):
+            yield current
+        stack.extend(reversed(current.children))
+
+
+def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if current is not node and not into_functions and isinstance(
+            current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+        ):
+            continue
+        yield current
+        stack.extend(reversed(current.children))
+
+
+# ---------------------------------------------------------------------------------------------
+# bindings
+
+
+class BindingKind(str, enum.Enum):
+    ASSIGN = "assign"  # name = value
+    UNPACK = "unpack"  # a, b = value  (value is the whole right-hand side)
+    FOR = "for"  # for name in value  (value is the iterable)
+    PARAM = "param"
+    OTHER = "other"  # with-as, import, augassign, walrus, except-as, ...
+
+
+@dataclass(frozen=True)
+class Binding:
+    kind: BindingKind
+    value: cst.BaseExpression | None
+    order: int  # pre-order index of the binding statement in the file
+    # for FOR/UNPACK: index path of the name inside the target tuple, e.g. (1, 0) for `i, (x, y)` -> x
+    path: tuple[int, ...] = ()
+
+
+@dataclass
+class Scope:
+    node: cst.CSTNode  # Module or FunctionDef
+    bindings: dict[str, list[Binding]] = field(default_factory=dict)
+    globals_: set[str] = field(default_factory=set)
+
+    def add(self, name: str, binding: Binding) -> None:
+        self.bindings.setdefault(name, []).append(binding)
+
+
+class HotKind(str, enum.Enum):
+    FORWARD = "forward"  # nn.Module.forward
+    COMPILED = "compiled"  # torch.compile'd function (C ⊂ H)
+    STEP_LOOP = "step-loop"  # loop that reaches backward/optimizer.step
+    STEP_FUNCTION = "step-function"  # function doing one training step, called per step
+
+
+class Confidence(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Device(str, enum.Enum):
+    CUDA = "cuda"
+    MAYBE_CUDA = "maybe-cuda"
+    CPU = "cpu"
+
+
+_MASK_NAME = re.compile(r"mask|valid|keep|done|alive|legal|nonempty|non_empty|^is_", re.I)
+_OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
+_LOADER_NAME = re.compile(r"loader|^dl$|_dl$|^dl_", re.I)
+_STEP_FUNCTION_NAME = re.compile(r"^(train_step|training_step|train_batch|train_on_batch|update|learn|optimize_model|step_fn)$")
+_COMPARISON_OPS = (cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+_MASK_FUNCTIONS = {"torch.isnan", "torch.isinf", "torch.isfinite", "torch.isin", "torch.logical_and",
+                   "torch.logical_or", "torch.logical_xor", "torch.logical_not", "torch.isneginf", "torch.isposinf",
+                   "torch.eq", "torch.ne", "torch.lt", "torch.le", "torch.gt", "torch.ge"}
+_MASK_METHODS = {"bool", "logical_and", "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite",
+                 "eq", "ne", "lt", "le", "gt", "ge"}
+# Methods that only tensors have (numpy arrays and lists do not), so a call to one is tensor evidence.
+_TENSOR_ONLY_METHODS = {"to", "cuda", "detach", "contiguous", "view", "unsqueeze", "masked_fill", "masked_fill_",
+                        "softmax", "log_softmax", "bfloat16", "half", "float", "long", "int", "bool", "permute",
+                        "expand", "expand_as", "narrow", "new_zeros", "new_ones", "new_full", "new_empty", "sigmoid",
+                        "relu", "clamp", "clamp_min", "clamp_max", "type_as", "view_as", "index_select", "gather",
+                        "scatter", "scatter_add", "chunk", "split", "norm", "matmul", "exp", "log", "abs", "sqrt",
+                        "pow", "neg", "mul", "add", "sub", "div", "sum", "mean", "amax", "amin", "logsumexp",
+                        "clone", "pin_memory", "argmax", "argmin", "squeeze", "flatten", "reshape", "transpose"}
+# Of those, the ones numpy arrays also have: not evidence by themselves.
+_SHARED_WITH_NUMPY = {"sum", "mean", "clip", "reshape", "transpose", "squeeze", "flatten", "argmax", "argmin",
+                      "astype", "max", "min", "all", "any", "copy", "view"}
+_NON_TENSOR_CALLS = {"len", "range", "int", "float", "bool", "str", "list", "tuple", "dict", "set", "sorted",
+                     "enumerate", "zip", "min", "max", "sum", "abs", "round"}
+_NON_TENSOR_METHODS = {"item", "tolist", "numpy", "astype", "keys", "values", "items", "get", "format", "split",
+                       "join", "strip", "append", "copy"}
+_NUMPY_PREFIXES = ("numpy.", "np.")
+TENSOR_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "zeros_like",
+                    "ones_like", "full_like", "empty_like", "tensor", "as_tensor", "from_numpy", "rand", "randn",
+                    "randint", "randperm", "normal", "bernoulli", "rand_like", "randn_like", "randint_like", "stack",
+                    "cat", "where", "tril", "triu"}
+_STEP_MARKER_FUNCTIONS = {"torch.autograd.backward"}
+_BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout\dd?|AlphaDropout|FeatureAlphaDropout)$")
+_MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
+                 "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-file pre-pass
+
+
+@dataclass
+class ClassInfo:
+    node: cst.ClassDef
+    base_names: list[str]  # qualified or dotted names of bases
+    attrs: dict[str, list[Binding]] = field(default_factory=dict)  # self.<attr> = value
+    is_module: bool = False
+
+
+class FileAnalysis:
+    """Facts about one module. Built by `analyze(module)`."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.aliases: dict[str, str] = {}  # local name -> qualified name ("t" -> "torch")
+        self.import_nodes: list[cst.CSTNode] = []  # top-level import statements, in order
+        self.scopes: dict[int, Scope] = {}  # id(Module|FunctionDef) -> Scope
+        self.classes: dict[str, ClassInfo] = {}
+        self.function_class: dict[int, ClassInfo] = {}  # id(FunctionDef) -> enclosing class
+        self.functions: dict[str, list[cst.FunctionDef]] = {}  # by name, any nesting
+        self.order: dict[int, int] = {}  # id(statement) -> pre-order index
+        self.hot: dict[int, HotKind] = {}  # id(FunctionDef | For | While) -> kind
+        self.compiled_names: set[str] = set()  # functions passed to torch.compile(...)
+        self.cuda_evidence = False  # a definite CUDA mention
+        self.maybe_cuda_evidence = False  # torch.cuda.is_available() & co.
+        self.main_guard: cst.If | None = None
+
+    # -- names -------------------------------------------------------------------------------
+
+    def qualname(self, node: cst.BaseExpression | None) -> str | None:
+        """Alias-resolved dotted name: `t.nn.functional.softmax` -> `torch.nn.functional.softmax`."""
+        dotted = dotted_name(node)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        target = self.aliases.get(head)
+        if target is None:
+            return None
+        return f"{target}.{rest}" if rest else target
+
+    def call_qualname(self, call: cst.Call) -> str | None:
+        return self.qualname(call.func)
+
+    def local_name_for(self, qualified: str) -> str | None:
+        """How this file spells `qualified` (e.g. `torch` -> `t`), if it is imported."""
+        best: str | None = None
+        for local, target in self.aliases.items():
+            if qualified == target:
+                return local
+            if qualified.startswith(target + ".") and (best is None or len(target) > len(self.aliases[best.split(".")[0]])):
+                best = local + qualified[len(target):]
+        return best
+
+    # -- bindings ----------------------------------------------------------------------------
+
+    def scope_chain(self, ancestors: Sequence[cst.CSTNode]) -> list[Scope]:
+        chain = [self.scopes[id(node)] for node in reversed(ancestors) if id(node) in self.scopes]
+        if not chain or chain[-1].node is not self.module:
+            chain.append(self.scopes[id(self.module)])
+        return chain
+
+    def bindings_of(self, name: str, ancestors: Sequence[cst.CSTNode]) -> list[Binding]:
+        """Bindings of `name` in the innermost scope that binds it (module scope last)."""
+        for scope in self.scope_chain(ancestors):
+            if name in scope.globals_:
+                continue
+            if name in scope.bindings:
+                return scope.bindings[name]
+        return []
+
+    def reaching_bindings(self, name: str, ancestors: Sequence[cst.CSTNode]) -> list[Binding]:
+        """The binding textually last before the current statement, or all of them if none precedes it."""
+        bindings = self.bindings_of(name, ancestors)
+        here = self.statement_order(ancestors)
+        before = [b for b in bindings if b.order < here]
+        return [before[-1]] if before else bindings
+
+    def statement_order(self, ancestors: Sequence[cst.CSTNode]) -> int:
+        for node in reversed(ancestors):
+            if id(node) in self.order:
+                return self.order[id(node)]
+        return 1 << 30
+
+    def enclosing_class(self, ancestors: Sequence[cst.CSTNode]) -> ClassInfo | None:
+        for node in reversed(ancestors):
+            if isinstance(node, cst.FunctionDef) and id(node) in self.function_class:
+                return self.function_class[id(node)]
+        return None
+
+    # -- hot regions -------------------------------------------------------------------------
+
+    def hot_kind(self, ancestors: Sequence[cst.CSTNode]) -> HotKind | None:
+        """Kind of the innermost hot region around the current node, stopping at a non-hot function."""
+        for node in reversed(ancestors):
+            kind = self.hot.get(id(node))
+            if kind is not None:
+                return kind
+            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+        return None
+
+    def is_compiled(self, ancestors: Sequence[cst.CSTNode]) -> bool:
+        return any(self.hot.get(id(node)) is HotKind.COMPILED for node in ancestors)
+
+    def in_loop(self, ancestors: Sequence[cst.CSTNode]) -> bool:
+        for node in reversed(ancestors):
+            if isinstance(node, (cst.For, cst.While)):
+                return True
+            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+        return False
+
+    def under_main_guard(self, ancestors: Sequence[cst.CSTNode]) -> bool:
+        return self.main_guard is not None and any(node is self.main_guard for node in ancestors)
+
+
+@dataclass(frozen=True)
+class _StepMarkers:
+    backward: bool = False
+    optimizer_step: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.backward or self.optimizer_step
+
+
+class _PrePass(cst.CSTVisitor):
+    def __init__(self, analysis: FileAnalysis) -> None:
+        super().__init__()
+        self.a = analysis
+        self.stack: list[cst.CSTNode] = []
+        self.scope_stack: list[Scope] = []
+        self.class_stack: list[ClassInfo] = []
+        self.counter = 0
+
+    # the stack of ancestors doubles as the order counter for statements
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.counter += 1
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.a.order[id(node)] = self.counter
+        self.stack.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self.stack.pop()
+
+    @property
+    def scope(self) -> Scope:
+        return self.scope_stack[-1]
+
+    def current_order(self) -> int:
+        for node in reversed(self.stack):
+            if id(node) in self.a.order:
+                return self.a.order[id(node)]
+        return 0
+
+    # -- module & imports --------------------------------------------------------------------
+
+    def visit_Module(self, node: cst.Module) -> None:
+        scope = Scope(node)
+        self.a.scopes[id(node)] = scope
+        self.scope_stack.append(scope)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        if len(self.stack) <= 3:
+            self.a.import_nodes.append(self.stack[-2])
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+                self.a.aliases[local] = full
+            else:
+                local = full.split(".")[0]
+                self.a.aliases.setdefault(local, local)
+            self.scope.add(local, Binding(BindingKind.OTHER, None, self.current_order()))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if len(self.stack) <= 3:
+            self.a.import_nodes.append(self.stack[-2])
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        base = dotted_name(node.module) or ""
+        for alias in node.names:
+            name = dotted_name(alias.name) or ""
+            local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+            self.a.aliases[local] = f"{base}.{name}"
+            self.scope.add(local, Binding(BindingKind.OTHER, None, self.current_order()))
+
+    # -- classes & functions -----------------------------------------------------------------
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        bases = [self.a.qualname(b.value) or dotted_name(b.value) or "" for b in node.bases]
+        info = ClassInfo(node, bases)
+        self.a.classes.setdefault(node.name.value, info)
+        self.class_stack.append(info)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.class_stack.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.a.functions.setdefault(node.name.value, []).append(node)
+        if self.class_stack and self.stack[-3:-2] and self.stack[-3] is self.class_stack[-1].node:
+            self.a.function_class[id(node)] = self.class_stack[-1]
+        self.scope.add(node.name.value, Binding(BindingKind.OTHER, None, self.current_order()))
+        scope = Scope(node)
+        self.a.scopes[id(node)] = scope
+        params = node.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            scope.add(param.name.value, Binding(BindingKind.PARAM, param.default, 0))
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                scope.add(star.name.value, Binding(BindingKind.PARAM, None, 0))
+        self.scope_stack.append(scope)
+        for decorator in node.decorators:
+            target = decorator.decorator
+            target = target.func if isinstance(target, cst.Call) else target
+            if self.a.qualname(target) == "torch.compile":
+                self.a.hot[id(node)] = HotKind.COMPILED
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scope_stack.pop()
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.scope.globals_.update(item.name.value for item in node.names)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.scope.globals_.update(item.name.value for item in node.names)
+
+    # -- bindings ----------------------------------------------------------------------------
+
+    def _bind_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None, kind: BindingKind,
+                     path: tuple[int, ...] = ()) -> None:
+        order = self.current_order()
+        if isinstance(target, cst.Name):
+            self.scope.add(target.value, Binding(kind, value, order, path))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            unpack_kind = BindingKind.UNPACK if kind is BindingKind.ASSIGN else kind
+            for index, element in enumerate(target.elements):
+                inner = element.value
+                if isinstance(element, cst.StarredElement):
+                    self._bind_target(inner, None, BindingKind.OTHER)
+                else:
+                    self._bind_target(inner, value, unpack_kind, path + (index,))
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) \
+                and target.value.value == "self" and self.class_stack:
+            self.class_stack[-1].attrs.setdefault(target.attr.value, []).append(Binding(kind, value, order, path))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind_target(target.target, node.value, BindingKind.ASSIGN)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind_target(node.target, node.value, BindingKind.ASSIGN)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind_target(node.target, None, BindingKind.OTHER)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind_target(node.target, node.value, BindingKind.ASSIGN)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind_target(node.asname.name, None, BindingKind.OTHER)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind_target(node.target, node.iter, BindingKind.FOR)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind_target(node.target, node.iter, BindingKind.FOR)
+
+    # -- evidence ----------------------------------------------------------------------------
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = string_value(node)
+        if value is not None and re.fullmatch(r"cuda(:\d+)?", value):
+            self.a.cuda_evidence = True
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        if any(isinstance(part, cst.FormattedStringText) and part.value.startswith("cuda") for part in node.parts[:1]):
+            self.a.cuda_evidence = True
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = method_name(node)
+        if name == "cuda":
+            self.a.cuda_evidence = True
+        qual = self.a.call_qualname(node)
+        if qual in ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.current_device",
+                    "torch.cuda.set_device"):
+            self.a.maybe_cuda_evidence = True
+        if qual == "torch.compile" and node.args and isinstance(node.args[0].value, cst.Name):
+            self.a.compiled_names.add(node.args[0].value.value)
+
+    def visit_If(self, node: cst.If) -> None:
+        test = node.test
+        if (len(self.stack) == 2 and isinstance(test, cst.Comparison) and dotted_name(test.left) == "__name__"
+                and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__"):
+            self.a.main_guard = node
+
+
+def _step_markers(node: cst.CSTNode, a: FileAnalysis, *, stop_at_loops: bool) -> _StepMarkers:
+    """Does `node`'s body call backward / optimizer.step (not looking inside nested defs, or nested loops
+    when `stop_at_loops`)?"""
+    backward = optimizer_step = False
+    stack = list(node.children)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if stop_at_loops and isinstance(current, (cst.For, cst.While)):
+            continue
+        if isinstance(current, cst.Call):
+            name = method_name(current)
+            if name == "backward" or a.call_qualname(current) in _STEP_MARKER_FUNCTIONS:
+                backward = True
+            elif name == "step" and isinstance(current.func, cst.Attribute):
+                receiver = dotted_name(current.func.value) or ""
+                last = receiver.rsplit(".", 1)[-1]
+                if _OPTIMIZER_NAME.search(last) or "scaler" in last.lower():
+                    optimizer_step = True
+        stack.extend(current.children)
+    return _StepMarkers(backward, optimizer_step)
+
+
+def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for name, info in a.classes.items():
+            if info.is_module:
+                continue
+            for base in info.base_names:
+                last = base.rsplit(".", 1)[-1]
+                if (base in _MODULE_BASES or base.startswith("torch.nn.")
+                        or (base in a.classes and a.classes[base].is_module) or last in known_module_classes
+                        or last.endswith("LightningModule")):
+                    info.is_module = True
+                    changed = True
+                    break
+
+
+def _mark_hot(a: FileAnalysis) -> None:
+    step_functions: set[str] = set()
+    for name, defs in a.functions.items():
+        for fn in defs:
+            info = a.function_class.get(id(fn))
+            if name == "forward" and info is not None and info.is_module:
+                a.hot.setdefault(id(fn), HotKind.FORWARD)
+            elif name == "training_step" and info is not None and info.is_module:
+                a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
+            if name in a.compiled_names:
+                a.hot[id(fn)] = HotKind.COMPILED
+            markers = _step_markers(fn, a, stop_at_loops=True)
+            has_loop = any(isinstance(n, (cst.For, cst.While)) for n in walk(fn.body))
+            if (markers.backward and markers.optimizer_step and not has_loop) or (
+                    markers.any and _STEP_FUNCTION_NAME.match(name)):
+                a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
+                step_functions.add(name)
+    for fn_defs in a.functions.values():
+        for fn in fn_defs:
+            _mark_loops(fn.body, a, step_functions)
+    _mark_loops(a.module, a, step_functions)
+
+
+def _mark_loops(root: cst.CSTNode, a: FileAnalysis, step_functions: set[str]) -> None:
+    for node in walk(root):
+        if isinstance(node, (cst.For, cst.While)) and id(node) not in a.hot:
+            direct = _step_markers(node.body, a, stop_at_loops=True)
+            calls_step_fn = any(
+                (isinstance(c.func, cst.Name) and c.func.value in step_functions)
+                or (isinstance(c.func, cst.Attribute) and c.func.attr.value in step_functions)
+                for c in _calls_outside_nested_loops(node.body)
+            )
+            if direct.any or calls_step_fn:
+                a.hot[id(node)] = HotKind.STEP_LOOP
+
+
+def _calls_outside_nested_loops(body: cst.CSTNode) -> Iterator[cst.Call]:
+    stack = list(body.children)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.For, cst.While)):
+            continue
+        if isinstance(current, cst.Call):
+            yield current
+        stack.extend(current.children)
+
+
+def analyze(module: cst.Module, known_module_classes: set[str] | None = None) -> FileAnalysis:
+    analysis = FileAnalysis(module)
+    module.visit(_PrePass(analysis))
+    _mark_modules(analysis, known_module_classes or set())
+    _mark_hot(analysis)
+    return analysis
+
+
+# ---------------------------------------------------------------------------------------------
+# expression predicates (need the ancestors of the expression for scope lookups)
+
+
+class Evidence:
+    """Expression predicates bound to one file and one traversal position."""
+
+    def __init__(self, analysis: FileAnalysis, ancestors: Sequence[cst.CSTNode]) -> None:
+        self.a = analysis
+        self.ancestors = ancestors
+
+    # scalar literal S
+    def is_scalar_literal(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, (cst.Integer, cst.Float)):
+            return True
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+            return self.is_scalar_literal(node.expression)
+        if isinstance(node, cst.Name) and node.value in ("True", "False"):
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float" \
+                and len(node.args) == 1:
+            return (string_value(node.args[0].value) or "").strip().lower() in ("inf", "-inf", "+inf", "nan",
+                                                                                 "infinity", "-infinity")
+        qual = self.a.qualname(node)
+        if qual in ("math.inf", "math.nan", "torch.inf", "torch.nan", "numpy.inf", "numpy.nan"):
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value in ("min", "max") and isinstance(node.value, cst.Call):
+            return self.a.call_qualname(node.value) == "torch.finfo"
+        return False
+
+    def scalar_magnitude(self, node: cst.BaseExpression) -> float | None:
+        """Numeric value of a literal scalar, ±inf for infinities, None when unknown (finfo, names)."""
+        sign = 1.0
+        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+            sign = -sign if isinstance(node.operator, cst.Minus) else sign
+            node = node.expression
+        if isinstance(node, (cst.Integer, cst.Float)):
+            try:
+                return sign * float(node.evaluated_value)
+            except (ValueError, OverflowError):
+                return None
+        if isinstance(node, cst.Name) and node.value in ("True", "False"):
+            return float(node.value == "True")
+        if self.is_scalar_literal(node) and not isinstance(node, cst.Attribute):
+            return float("inf")
+        return None
+
+    # bool-mask M
+    def mask_confidence(self, node: cst.BaseExpression, depth: int = 0) -> Confidence | None:
+        if depth > 4:
+            return None
+        if isinstance(node, cst.Comparison):
+            if all(isinstance(c.operator, _COMPARISON_OPS) for c in node.comparisons):
+                return Confidence.HIGH
+            return None
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            return self.mask_confidence(node.expression, depth + 1) or Confidence.LOW
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):
+            left = self.mask_confidence(node.left, depth + 1)
+            right = self.mask_confidence(node.right, depth + 1)
+            return max(filter(None, (left, right)), default=None)
+        if isinstance(node, cst.Call):
+            if self.a.call_qualname(node) in _MASK_FUNCTIONS:
+                return Confidence.HIGH
+            if method_name(node) in _MASK_METHODS:
+                return Confidence.HIGH
+            if method_name(node) == "to" and any(self.a.qualname(arg.value) == "torch.bool" for arg in node.args):
+                return Confidence.HIGH
+            return None
+        if isinstance(node, cst.Name):
+            bindings = self.a.reaching_bindings(node.value, self.ancestors)
+            if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
+                found = self.mask_confidence(bindings[0].value, depth + 1)
+                if found is not None:
+                    return found
+            return Confidence.LOW if _MASK_NAME.search(node.value) else None
+        if isinstance(node, cst.Attribute):
+            return Confidence.LOW if _MASK_NAME.search(node.attr.value) else None
+        return None
+
+    # tensor evidence: True (surely a tensor), False (surely not), None (unknown)
+    def is_tensor(self, node: cst.BaseExpression, depth: int = 0) -> bool | None:
+        if depth > 5:
+            return None
+        if isinstance(node, (cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp,
+                             cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Integer, cst.Float)):
+            return False
+        if isinstance(node, cst.Call):
+            qual = self.a.call_qualname(node) or ""
+            if qual.startswith(_NUMPY_PREFIXES) or qual in ("numpy.array", "numpy.asarray"):
+                return False
+            if isinstance(node.func, cst.Name) and node.func.value in _NON_TENSOR_CALLS and not qual:
+                return False
+            if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in TENSOR_FACTORIES | {
+                    "matmul", "softmax", "log_softmax", "sigmoid", "exp", "log", "einsum", "bmm", "mm", "gather",
+                    "masked_fill", "clamp", "topk", "sum", "mean", "logical_not", "logical_and", "logical_or"}:
+                return True
+            if qual.startswith("torch.nn.functional."):
+                return True
+            name = method_name(node)
+            if name in _NON_TENSOR_METHODS:
+                return False
+            if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
+                return True
+            if name in _SHARED_WITH_NUMPY and isinstance(node.func, cst.Attribute):
+                return self.is_tensor(node.func.value, depth + 1)
+            return None
+        if isinstance(node, cst.Comparison):
+            return self.is_tensor(node.left, depth + 1)
+        if isinstance(node, cst.BinaryOperation):
+            left, right = self.is_tensor(node.left, depth + 1), self.is_tensor(node.right, depth + 1)
+            if left or right:
+                return True
+            if left is False and right is False:
+                return False
+            return None
+        if isinstance(node, cst.UnaryOperation):
+            return self.is_tensor(node.expression, depth + 1)
+        if isinstance(node, cst.Subscript):
+            return self.is_tensor(node.value, depth + 1)
+        if isinstance(node, cst.Name):
+            bindings = self.a.reaching_bindings(node.value, self.ancestors)
+            verdicts = {self.is_tensor(b.value, depth + 1) if b.kind is BindingKind.ASSIGN and b.value is not None
+                        else None for b in bindings}
+            if verdicts == {True}:
+                return True
+            if verdicts == {False}:
+                return False
+            return None
+        return None
+
+    # CUDA-target evidence D
+    def device_of(self, node: cst.BaseExpression | None, depth: int = 0) -> Device | None:
+        if node is None or depth > 4:
+            return None
+        text = string_value(node)
+        if text is not None:
+            if re.fullmatch(r"cuda(:\d+)?", text):
+                return Device.CUDA
+            return Device.CPU if text == "cpu" else None
+        if isinstance(node, cst.FormattedString):
+            first = node.parts[0] if node.parts else None
+            if isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda"):
+                return Device.CUDA
+            return None
+        if isinstance(node, cst.Integer):
+            return Device.CUDA  # .to(0) / .cuda(0): a CUDA ordinal
+        if isinstance(node, cst.IfExp):
+            branches = {self.device_of(node.body, depth + 1), self.device_of(node.orelse, depth + 1)}
+            if Device.CUDA in branches or Device.MAYBE_CUDA in branches:
+                return Device.MAYBE_CUDA
+            return Device.CPU if branches == {Device.CPU} else None
+        if isinstance(node, cst.Call):
+            qual = self.a.call_qualname(node)
+            if qual == "torch.device" and node.args:
+                return self.device_of(node.args[0].value, depth + 1)
+            if qual in ("torch.cuda.current_device",):
+                return Device.CUDA
+            return None
+        if isinstance(node, cst.Name):
+            bindings = self.a.reaching_bindings(node.value, self.ancestors)
+            found = {self.device_of(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN}
+            if len(found) == 1:
+                return found.pop()
+            if found and Device.CPU not in found and None not in found:
+                return Device.MAYBE_CUDA
+            return None
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            info = self.a.enclosing_class(self.ancestors)
+            bindings = info.attrs.get(node.attr.value, []) if info else []
+            found = {self.device_of(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN}
+            return found.pop() if len(found) == 1 else None
+        return None
+
+    # CPU-source evidence P
+    def is_loader(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        if depth > 3:
+            return False
+        if isinstance(node, cst.Call):
+            qual = self.a.call_qualname(node) or ""
+            if qual.endswith("DataLoader"):
+                return True
+            func = dotted_name(node.func) or ""
+            if func.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter", "islice", "zip", "trange") and node.args:
+                return self.is_loader(node.args[0].value, depth + 1)
+            return False
+        dotted = dotted_name(node)
+        if dotted is None:
+            return False
+        if _LOADER_NAME.search(dotted.rsplit(".", 1)[-1]):
+            return True
+        if isinstance(node, cst.Name):
+            return any(b.kind is BindingKind.ASSIGN and b.value is not None and self.is_loader(b.value, depth + 1)
+                       for b in self.a.bindings_of(node.value, self.ancestors))
+        return False
+
+    def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory."""
+        if depth > 5:
+            return False
+        if isinstance(node, cst.Call):
+            qual = self.a.call_qualname(node) or ""
+            if qual == "torch.from_numpy":
+                return True
+            if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
+                return True
+            if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
+                                     "permute", "squeeze", "unsqueeze", "view", "reshape") \
+                    and isinstance(node.func, cst.Attribute):
+                return method_name(node) == "cpu" or self.is_cpu_source(node.func.value, depth + 1)
+            return False
+        if isinstance(node, (cst.Subscript, cst.Attribute)) and not (
+                isinstance(node, cst.Attribute) and dotted_name(node) and dotted_name(node).startswith("self.")):
+            return self.is_cpu_source(node.value, depth + 1)
+        if isinstance(node, cst.Name):
+            for binding in self.a.reaching_bindings(node.value, self.ancestors):
+                if binding.kind is BindingKind.FOR and binding.value is not None:
+                    if self._for_target_is_batch(binding):
+                        return True
+                elif binding.kind is BindingKind.ASSIGN and binding.value is not None:
+                    if self.is_cpu_source(binding.value, depth + 1):
+                        return True
+                elif binding.kind is BindingKind.UNPACK and binding.value is not None:
+                    value = binding.value
+                    if isinstance(value, cst.Tuple) and binding.path and binding.path[0] < len(value.elements):
+                        value = value.elements[binding.path[0]].value
+                    if self.is_cpu_source(value, depth + 1):
+                        return True
+        return False
+
+    def _for_target_is_batch(self, binding: Binding) -> bool:
+        iterable = binding.value
+        if not self.is_loader(iterable):
+            return False
+        # `for i, batch in enumerate(loader)`: index 0 is the counter, not data
+        if isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").endswith("enumerate"):
+            return bool(binding.path) and binding.path[0] == 1
+        return True
+
+    # modules
+    def is_module(self, node: cst.BaseExpression, depth: int = 0) -> Confidence | None:
+        if depth > 4:
+            return None
+        if isinstance(node, cst.Call):
+            qual = self.a.call_qualname(node) or ""
+            func = dotted_name(node.func) or ""
+            last = func.rsplit(".", 1)[-1]
+            if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith("torch.nn.functional"):
+                return Confidence.HIGH
+            if last in self.a.classes and self.a.classes[last].is_module:
+                return Confidence.HIGH
+            if method_name(node) in ("to", "cuda", "cpu", "train", "eval", "float", "half") \
+                    and isinstance(node.func, cst.Attribute):
+                return self.is_module(node.func.value, depth + 1)
+            return None
+        if isinstance(node, cst.Name):
+            bindings = self.a.bindings_of(node.value, self.ancestors)
+            found = [self.is_module(b.value, depth + 1) for b in bindings
+                     if b.kind is BindingKind.ASSIGN and b.value is not None]
+            if found and all(found):
+                return max(found)
+            return None
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            info = self.a.enclosing_class(self.ancestors)
+            bindings = info.attrs.get(node.attr.value, []) if info else []
+            found = [self.is_module(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN]
+            if found and all(found):
+                return max(found)
+        return None
+
+    def is_batch_coupled_module(self, class_info: ClassInfo) -> bool:
+        """BatchNorm or dropout built anywhere in the class body (catalog §0.3, B)."""
+        for call in iter_calls(class_info.node, into_functions=True):
+            if _BATCH_NORM.match(self.a.call_qualname(call) or ""):
+                return True
+        return False

@@ -1,0 +1,265 @@
+"""Lint one source: one libcst parse, one pre-pass of shared analyses, all rules in one traversal."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from gpulint.analysis import FileAnalysis, analyze
+from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
+from gpulint.registry import META_CODES
+from gpulint.rule import ImportRequest, Report, Rule, RuleContext
+from gpulint.source import newline_of
+
+
+@dataclass
+class ProgramFacts:
+    """Facts about all files of one run (the program is what the command line names)."""
+
+    cuda_evidence: bool = False
+    maybe_cuda_evidence: bool = False
+    module_classes: set[str] = field(default_factory=set)
+
+    def add(self, analysis: FileAnalysis) -> None:
+        self.cuda_evidence |= analysis.cuda_evidence
+        self.maybe_cuda_evidence |= analysis.maybe_cuda_evidence
+        self.module_classes |= {name for name, info in analysis.classes.items() if info.is_module}
+
+    @classmethod
+    def of_single_file(cls, analysis: FileAnalysis) -> "ProgramFacts":
+        facts = cls()
+        facts.add(analysis)
+        return facts
+
+
+class RuleCrash(Exception):
+    """A rule raised while linting a file: a gpulint bug, reported with exit code 2."""
+
+    def __init__(self, code: str, path: str, error: BaseException) -> None:
+        super().__init__(f"{path}: rule {code} crashed: {type(error).__name__}: {error}")
+        self.code = code
+
+
+@dataclass
+class LintResult:
+    path: str
+    diagnostics: list[Diagnostic]
+    module: cst.Module | None = None
+    analysis: FileAnalysis | None = None
+
+
+def parse(text: str) -> cst.Module:
+    return cst.parse_module(text)
+
+
+def syntax_error_diagnostic(path: str, error: cst.ParserSyntaxError | SyntaxError | Exception) -> Diagnostic:
+    if isinstance(error, cst.ParserSyntaxError):
+        line, col, message = error.raw_line, error.raw_column + 1, error.message
+    elif isinstance(error, SyntaxError):
+        line, col, message = error.lineno or 1, error.offset or 1, error.msg
+    else:
+        line, col, message = 1, 1, str(error)
+    message = " ".join(str(message).split())
+    position = Position(max(line, 1), max(col, 1))
+    return Diagnostic(path, position, position, "GPU900", META_CODES["GPU900"], f"SyntaxError: {message}",
+                      Severity.ERROR)
+
+
+class _Dispatcher(cst.CSTVisitor):
+    """Runs every rule's visit_/leave_ methods in a single traversal, keeping the ancestor stack."""
+
+    def __init__(self, rules: Sequence[Rule], ctx: RuleContext, path: str) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.path = path
+        self.visitors: dict[str, list[tuple[Rule, Callable]]] = {}
+        self.leavers: dict[str, list[tuple[Rule, Callable]]] = {}
+        for rule in rules:
+            for attr in dir(type(rule)):
+                if attr.startswith("visit_"):
+                    self.visitors.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
+                elif attr.startswith("leave_"):
+                    self.leavers.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.ctx.ancestors.append(node)
+        for rule, method in self.visitors.get(type(node).__name__, ()):
+            self._call(rule, method, node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        for rule, method in self.leavers.get(type(original_node).__name__, ()):
+            self._call(rule, method, original_node)
+        self.ctx.ancestors.pop()
+
+    def _call(self, rule: Rule, method: Callable, node: cst.CSTNode) -> None:
+        try:
+            method(node)
+        except Exception as exc:  # noqa: BLE001 - surfaced as a RuleCrash naming the rule
+            raise RuleCrash(rule.code, self.path, exc) from exc
+
+
+def might_match(text: str, rules: Iterable[type[Rule]]) -> list[type[Rule]]:
+    """Rules whose cheap text triggers occur in `text` (no trigger: always run)."""
+    return [r for r in rules if not r.triggers or any(t in text for t in r.triggers)]
+
+
+def lint_text(
+    text: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    *,
+    program: ProgramFacts | None = None,
+    rule_options: dict[str, dict[str, Any]] | None = None,
+    module: cst.Module | None = None,
+    analysis: FileAnalysis | None = None,
+) -> LintResult:
+    """Lint `text`. Syntax errors become a GPU900 diagnostic; a crashing rule raises RuleCrash."""
+    if module is None:
+        try:
+            module = parse(text)
+        except cst.ParserSyntaxError as error:
+            return LintResult(path, [syntax_error_diagnostic(path, error)])
+    active = might_match(text, rules)
+    if not active:
+        return LintResult(path, [], module, analysis)
+    if analysis is None:
+        analysis = analyze(module, program.module_classes if program else None)
+    program = program or ProgramFacts.of_single_file(analysis)
+    ctx = RuleContext(path, module, analysis, program, rule_options or {})
+    instances = [rule(ctx) for rule in active]
+    module.visit(_Dispatcher(instances, ctx, path))
+    for rule in instances:
+        try:
+            rule.finish()
+        except Exception as exc:  # noqa: BLE001
+            raise RuleCrash(rule.code, path, exc) from exc
+    reports = [(rule, report) for rule in instances for report in rule.reports]
+    if not reports:
+        return LintResult(path, [], module, analysis)
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    newline = newline_of(text)
+    indents = _Indents(module)
+    diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents)
+                   for rule, report in reports]
+    diagnostics = _apply_noqa(diagnostics, text)
+    unique = {(d.start, d.end, d.code, d.message): d for d in diagnostics}
+    return LintResult(path, sorted(unique.values(), key=Diagnostic.sort_key), module, analysis)
+
+
+def _position(positions: Any, node: cst.CSTNode) -> tuple[Position, Position]:
+    code_range = positions[node]
+    return (Position(code_range.start.line, code_range.start.column + 1),
+            Position(code_range.end.line, code_range.end.column + 1))
+
+
+class _Indents:
+    """Indentation tokens of the blocks around a node, so multi-line replacements keep their indentation."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self._parents: dict[int, cst.CSTNode] | None = None
+
+    def tokens_for(self, node: cst.CSTNode) -> list[str]:
+        if self._parents is None:
+            self._parents = {}
+            stack: list[cst.CSTNode] = [self.module]
+            while stack:
+                current = stack.pop()
+                for child in current.children:
+                    self._parents[id(child)] = current
+                    stack.append(child)
+        tokens = []
+        current = self._parents.get(id(node))
+        while current is not None:
+            if isinstance(current, cst.IndentedBlock):
+                tokens.append(current.indent if current.indent is not None else self.module.default_indent)
+            current = self._parents.get(id(current))
+        return tokens[::-1]
+
+
+def render(node: cst.CSTNode, module: cst.Module, indent_tokens: list[str]) -> str:
+    """Code for an expression-level node as it reads at a position nested in `indent_tokens` blocks."""
+    state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+    state.indent_tokens.extend(indent_tokens)
+    node._codegen(state)
+    return "".join(state.tokens)
+
+
+def _to_diagnostic(path: str, rule: Rule, report: Report, positions: Any, module: cst.Module,
+                   analysis: FileAnalysis, newline: str, indents: _Indents) -> Diagnostic:
+    start, end = _position(positions, report.node)
+    fix = None
+    if report.safety is not None:
+        edits = []
+        for old, new in report.replacements:
+            old_start, old_end = _position(positions, old)
+            content = new if isinstance(new, str) else render(new, module, indents.tokens_for(old))
+            if newline != "\n":
+                content = content.replace("\r\n", "\n").replace("\n", newline)
+            edits.append(Edit(old_start, old_end, content))
+        edits.extend(_import_edit(request, module, analysis, positions, newline) for request in report.imports)
+        fix = Fix(rule.fix_title or "", report.safety, tuple(sorted(edits, key=lambda e: (e.start, e.end))))
+    return Diagnostic(path, start, end, rule.code, rule.name, report.message, report.severity, fix, report.note)
+
+
+def _import_edit(request: ImportRequest, module: cst.Module, analysis: FileAnalysis, positions: Any,
+                 newline: str) -> Edit:
+    """Insert `import x` after the last top-level import, else after the docstring / __future__ lines."""
+    if analysis.import_nodes:
+        _, end = _position(positions, analysis.import_nodes[-1])
+        where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+    else:
+        where = Position(1, 1)
+        for statement in module.body:
+            if _is_docstring_or_future(statement):
+                _, end = _position(positions, statement)
+                where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+            else:
+                break
+        if where == Position(1, 1) and module.body:
+            start, _ = _position(positions, module.body[0])
+            where = Position(start.line, 1)
+    return Edit(where, where, request.statement() + newline)
+
+
+def _is_docstring_or_future(statement: cst.CSTNode) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    return isinstance(small, cst.ImportFrom) and not small.relative and \
+        getattr(small.module, "value", None) == "__future__"
+
+
+_NOQA = re.compile(r"#\s*(?:noqa:\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)"
+                   r"|gpulint:\s*ignore\[(?P<bracket>[^\]]*)\])", re.I)
+
+
+def suppressed_codes(line: str) -> set[str]:
+    """Codes a `# noqa: GPU011` or `# gpulint: ignore[GPU011]` comment on this line suppresses."""
+    found: set[str] = set()
+    for match in _NOQA.finditer(line):
+        raw = match.group("codes") or match.group("bracket") or ""
+        found.update(code.strip().upper() for code in re.split(r"[\s,]+", raw) if code.strip())
+    return found
+
+
+def _apply_noqa(diagnostics: list[Diagnostic], text: str) -> list[Diagnostic]:
+    if "noqa" not in text and "gpulint:" not in text:
+        return diagnostics
+    lines = text.splitlines()
+    kept = []
+    for diagnostic in diagnostics:
+        span = lines[diagnostic.start.line - 1: diagnostic.end.line] or [""]
+        codes = set().union(*(suppressed_codes(line) for line in span))
+        if diagnostic.code not in codes:
+            kept.append(diagnostic)
+    return kept
+

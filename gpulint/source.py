@@ -1,0 +1,92 @@
+"""Reading Python files faithfully and writing them back without disturbing anything outside the edits."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+_BOM = b"\xef\xbb\xbf"
+
+
+class SourceError(Exception):
+    """A file that cannot be read or decoded; the message is one line and names no traceback."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    raw: bytes
+    text: str  # decoded, BOM removed, line endings untouched
+    encoding: str  # codec to re-encode `text` with
+    bom: bool
+
+    def encode(self, text: str) -> bytes:
+        data = text.encode(self.encoding)
+        return _BOM + data if self.bom else data
+
+
+def decode_source(raw: bytes, path: Path) -> SourceFile:
+    if b"\x00" in raw:
+        raise SourceError("file contains NUL bytes (binary file?)")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as exc:
+        raise SourceError(f"invalid encoding declaration: {exc.msg}") from None
+    bom = raw.startswith(_BOM)
+    body = raw[len(_BOM):] if bom else raw
+    codec = "utf-8" if encoding == "utf-8-sig" else encoding
+    try:
+        text = body.decode(codec)
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise SourceError(f"cannot decode as {codec}: {exc.reason if hasattr(exc, 'reason') else exc}") from None
+    return SourceFile(path=path, raw=raw, text=text, encoding=codec, bom=bom)
+
+
+def read_source(path: Path) -> SourceFile:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+    return decode_source(raw, path)
+
+
+def newline_of(text: str) -> str:
+    """The file's dominant line ending, used for text that fixes insert."""
+    crlf = text.count("\r\n")
+    return "\r\n" if crlf and crlf * 2 >= text.count("\n") else "\n"
+
+
+def write_source_atomically(source: SourceFile, new_text: str) -> None:
+    """Write `new_text` in the file's own encoding, BOM and mode, via a temp file and rename.
+
+    Refuses (SourceError) when the file changed on disk since it was read, so a concurrent edit is never lost.
+    """
+    data = source.encode(new_text)
+    path = source.path
+    try:
+        current = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+    if current != source.raw:
+        raise SourceError("file changed on disk while gpulint was fixing it; left untouched")
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if not os.access(path, os.W_OK):
+            raise SourceError("file is read-only; left untouched")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".gpulint", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise SourceError(f"cannot write: {exc.strerror or exc}") from None

