@@ -24,17 +24,17 @@ class ProgramFacts:
     cuda_evidence: bool = False
     maybe_cuda_evidence: bool = False
     module_classes: set[str] = field(default_factory=set)
+    sources: dict[str, str] = field(default_factory=dict)  # path -> text of every file in the run
 
-    def add(self, analysis: FileAnalysis) -> None:
-        self.cuda_evidence |= analysis.cuda_evidence
-        self.maybe_cuda_evidence |= analysis.maybe_cuda_evidence
-        self.module_classes |= {name for name, info in analysis.classes.items() if info.is_module}
+    def search(self, pattern: str | re.Pattern[str]) -> list[tuple[str, re.Match[str]]]:
+        """Matches of a regex in all files of the program (program-level rules: TF32 set elsewhere, ...)."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        return [(path, match) for path, text in self.sources.items() for match in regex.finditer(text)]
 
     @classmethod
-    def of_single_file(cls, analysis: FileAnalysis) -> "ProgramFacts":
-        facts = cls()
-        facts.add(analysis)
-        return facts
+    def of_single_file(cls, path: str, text: str, analysis: FileAnalysis) -> "ProgramFacts":
+        return cls(analysis.cuda_evidence, analysis.maybe_cuda_evidence,
+                   {name for name, info in analysis.classes.items() if info.is_module}, {path: text})
 
 
 class RuleCrash(Exception):
@@ -130,7 +130,7 @@ def lint_text(
         return LintResult(path, [], module, analysis)
     if analysis is None:
         analysis = analyze(module, program.module_classes if program else None)
-    program = program or ProgramFacts.of_single_file(analysis)
+    program = program or ProgramFacts.of_single_file(path, text, analysis)
     ctx = RuleContext(path, module, analysis, program, rule_options or {})
     instances = [rule(ctx) for rule in active]
     module.visit(_Dispatcher(instances, ctx, path))
@@ -145,7 +145,7 @@ def lint_text(
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     newline = newline_of(text)
     indents = _Indents(module)
-    diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents)
+    diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents, text)
                    for rule, report in reports]
     diagnostics = _apply_noqa(diagnostics, text)
     unique = {(d.start, d.end, d.code, d.message): d for d in diagnostics}
@@ -191,20 +191,54 @@ def render(node: cst.CSTNode, module: cst.Module, indent_tokens: list[str]) -> s
     return "".join(state.tokens)
 
 
+def _render_statement(old: cst.CSTNode, new: cst.CSTNode, module: cst.Module, tokens: list[str], text: str,
+                      start: Position, end: Position) -> str:
+    """Statement replacements: the position range excludes the leading indentation/blank lines and the last
+    line's trailing comment and newline, which rendering includes; strip what lies outside the range."""
+    rendered_old = render(old, module, tokens)
+    lines = text.splitlines(keepends=True)
+    if start.line == end.line:
+        inside = lines[start.line - 1][start.col - 1:end.col - 1]
+    else:
+        inside = "".join([lines[start.line - 1][start.col - 1:], *lines[start.line:end.line - 1],
+                          lines[end.line - 1][:end.col - 1]])
+    at = rendered_old.find(inside)
+    if at < 0:
+        raise ValueError("cannot place a statement replacement")
+    prefix, suffix = rendered_old[:at], rendered_old[at + len(inside):]
+    rendered_new = render(new, module, tokens)
+    if not rendered_new.startswith(prefix) or not rendered_new.endswith(suffix):
+        raise ValueError("a statement replacement must keep the statement's leading lines and trailing comment")
+    return rendered_new[len(prefix):len(rendered_new) - len(suffix)]
+
+
+def _build_fix(rule: Rule, report: Report, positions: Any, module: cst.Module, analysis: FileAnalysis,
+               newline: str, indents: _Indents, text: str) -> Fix:
+    edits = []
+    for old, new in report.replacements:
+        old_start, old_end = _position(positions, old)
+        if isinstance(new, str):
+            content = new
+        elif isinstance(old, (cst.BaseStatement, cst.BaseSmallStatement)):
+            content = _render_statement(old, new, module, indents.tokens_for(old), text, old_start, old_end)
+        else:
+            content = render(new, module, indents.tokens_for(old))
+        if newline != "\n":
+            content = content.replace("\r\n", "\n").replace("\n", newline)
+        edits.append(Edit(old_start, old_end, content))
+    edits.extend(_import_edit(request, module, analysis, positions, newline) for request in report.imports)
+    return Fix(rule.fix_title or "", report.safety, tuple(sorted(edits, key=lambda e: (e.start, e.end))))
+
+
 def _to_diagnostic(path: str, rule: Rule, report: Report, positions: Any, module: cst.Module,
-                   analysis: FileAnalysis, newline: str, indents: _Indents) -> Diagnostic:
+                   analysis: FileAnalysis, newline: str, indents: _Indents, text: str) -> Diagnostic:
     start, end = _position(positions, report.node)
     fix = None
     if report.safety is not None:
-        edits = []
-        for old, new in report.replacements:
-            old_start, old_end = _position(positions, old)
-            content = new if isinstance(new, str) else render(new, module, indents.tokens_for(old))
-            if newline != "\n":
-                content = content.replace("\r\n", "\n").replace("\n", newline)
-            edits.append(Edit(old_start, old_end, content))
-        edits.extend(_import_edit(request, module, analysis, positions, newline) for request in report.imports)
-        fix = Fix(rule.fix_title or "", report.safety, tuple(sorted(edits, key=lambda e: (e.start, e.end))))
+        try:
+            fix = _build_fix(rule, report, positions, module, analysis, newline, indents, text)
+        except ValueError:
+            fix = None  # a replacement that cannot be placed faithfully is dropped, the finding stays
     return Diagnostic(path, start, end, rule.code, rule.name, report.message, report.severity, fix, report.note)
 
 

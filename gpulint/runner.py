@@ -49,12 +49,13 @@ def display_path(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
-def program_facts(sources: Sequence[SourceFile]) -> ProgramFacts:
+def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     """Cheap text-level facts about all files of the run, so that no file is parsed twice."""
     facts = ProgramFacts()
     known_bases = {"Module", "LightningModule"}
     classes: dict[str, str] = {}
-    for source in sources:
+    for path, source in sources:
+        facts.sources[path] = source.text
         facts.cuda_evidence |= bool(_CUDA_TEXT.search(source.text))
         facts.maybe_cuda_evidence |= bool(_MAYBE_CUDA_TEXT.search(source.text))
         for name, bases in _CLASS_TEXT.findall(source.text):
@@ -99,7 +100,7 @@ def run(
             sources.append((shown, read_source(path)))
         except SourceError as error:
             reports.append(FileReport(shown, [_io_error(shown, str(error))]))
-    program = program_facts([s for _, s in sources])
+    program = program_facts(sources)
     errors: list[str] = []
     for shown, source in sources:
         file_rules = file_filter(source.path) if file_filter else rules
