@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -70,6 +71,17 @@ def syntax_error_diagnostic(path: str, error: cst.ParserSyntaxError | SyntaxErro
                       Severity.ERROR)
 
 
+def _python_syntax_error(text: str, path: str) -> SyntaxError | None:
+    """CPython's own message and location, which are more precise than the libcst parser's."""
+    try:
+        compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as error:
+        return error
+    except ValueError:
+        return None
+    return None
+
+
 class _Dispatcher(cst.CSTVisitor):
     """Runs every rule's visit_/leave_ methods in a single traversal, keeping the ancestor stack."""
 
@@ -124,7 +136,7 @@ def lint_text(
         try:
             module = parse(text)
         except cst.ParserSyntaxError as error:
-            return LintResult(path, [syntax_error_diagnostic(path, error)])
+            return LintResult(path, [syntax_error_diagnostic(path, _python_syntax_error(text, path) or error)])
     active = might_match(text, rules)
     if not active:
         return LintResult(path, [], module, analysis)

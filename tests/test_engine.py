@@ -1,0 +1,120 @@
+"""Shared analyses, the one-traversal engine, and guarantees such as "check never imports torch"."""
+
+import subprocess
+import sys
+import textwrap
+
+import libcst as cst
+import pytest
+
+from gpulint.analysis import HotKind, analyze
+from gpulint.engine import lint_text
+from gpulint.registry import SelectorError, all_rules, select_rules
+
+
+def _analysis(code: str):
+    module = cst.parse_module(textwrap.dedent(code))
+    return module, analyze(module)
+
+
+@pytest.mark.parametrize(("code", "expr", "expected"), [
+    ("import torch as t\n", "t.nn.functional.softmax", "torch.nn.functional.softmax"),
+    ("from torch.utils.data import DataLoader as DL\n", "DL", "torch.utils.data.DataLoader"),
+    ("import torch.nn.functional as F\n", "F.relu", "torch.nn.functional.relu"),
+    ("from torch import nn\n", "nn.Linear", "torch.nn.Linear"),
+    ("import torch.nn\n", "torch.nn.Linear", "torch.nn.Linear"),
+    ("import numpy as np\n", "torch.zeros", None),
+])
+def test_qualified_names_follow_aliases(code, expr, expected):
+    _, analysis = _analysis(code)
+    assert analysis.qualname(cst.parse_expression(expr)) == expected
+
+
+def _hot_kinds(code: str) -> dict[str, HotKind]:
+    module, analysis = _analysis(code)
+    names = {}
+    for node_id, kind in analysis.hot.items():
+        for fn_defs in analysis.functions.values():
+            for fn in fn_defs:
+                if id(fn) == node_id:
+                    names[fn.name.value] = kind
+    names["<loops>"] = sorted(k.value for k in analysis.hot.values() if k is HotKind.STEP_LOOP)
+    return names
+
+
+def test_hot_regions():
+    kinds = _hot_kinds("""
+        import torch
+        import torch.nn as nn
+
+        class Base(nn.Module):
+            pass
+
+        class Net(Base):  # a Module through a project base class
+            def forward(self, x):
+                return x
+
+            def helper(self, x):
+                return x
+
+        @torch.compile
+        def compiled(x):
+            return x
+
+        def train_step(model, batch, opt):
+            loss = model(batch).sum()
+            loss.backward()
+            opt.step()
+
+        def train(model, loader, opt):
+            for epoch in range(3):
+                for batch in loader:
+                    train_step(model, batch, opt)
+                print("epoch done")
+    """)
+    assert kinds["forward"] is HotKind.FORWARD
+    assert "helper" not in kinds
+    assert kinds["compiled"] is HotKind.COMPILED
+    assert kinds["train_step"] is HotKind.STEP_FUNCTION
+    # only the inner loop calls the step; the epoch loop's own statements are not per-step
+    assert kinds["<loops>"] == ["step-loop"]
+
+
+def test_scheduler_step_is_not_a_training_step():
+    kinds = _hot_kinds("""
+        for epoch in range(10):
+            scheduler.step()
+            env.step(action)
+    """)
+    assert kinds["<loops>"] == []
+
+
+def test_syntax_error_is_a_finding_not_a_crash():
+    result = lint_text("def f(:\n    pass\n", "bad.py", all_rules())
+    assert [d.code for d in result.diagnostics] == ["GPU900"]
+    assert result.diagnostics[0].line == 1
+
+
+def test_selectors():
+    assert {r.code for r in select_rules(["GPU011"])} == {"GPU011"}
+    assert "GPU011" not in {r.code for r in select_rules(None, ignore=["GPU01"])}
+    # the more specific selector wins, as in ruff
+    assert "GPU011" in {r.code for r in select_rules(["GPU01"], ignore=["GPU0"])}
+    assert "GPU011" not in {r.code for r in select_rules(["GPU0"], ignore=["GPU01"])}
+    with pytest.raises(SelectorError, match="did you mean 'GPU011'"):
+        select_rules(["GPU0111"])
+
+
+def test_check_never_imports_torch(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfor x in loader:\n    x = x.to('cuda')\n    x.sum().backward()\n    opt.step()\n")
+    probe = (
+        "import sys\n"
+        "from gpulint.cli import main\n"
+        f"main(['check', {str(script)!r}])\n"
+        f"main(['fix', {str(script)!r}])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('no torch')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert "no torch" in completed.stdout, completed.stderr
