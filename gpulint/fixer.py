@@ -106,7 +106,8 @@ def fix_text(
             outcome.text, outcome.remaining = current, result.diagnostics
             return outcome
         chosen = choose_non_overlapping(candidates)
-        new_text = apply_edits(current, [e for d in chosen for e in d.fix.edits])  # type: ignore[union-attr]
+        edits = list(dict.fromkeys(e for d in chosen for e in d.fix.edits))  # type: ignore[union-attr]
+        new_text = apply_edits(current, edits)
         error = validate(new_text, path) if new_text != current else None
         if error is not None:
             codes = ", ".join(sorted({d.code for d in chosen}))

@@ -76,7 +76,7 @@ def write_source_atomically(source: SourceFile, new_text: str) -> None:
         raise SourceError("file changed on disk while gpulint was fixing it; left untouched")
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
-        if not os.access(path, os.W_OK):
+        if not mode & stat.S_IWUSR or not os.access(path, os.W_OK):  # root ignores modes; we do not
             raise SourceError("file is read-only; left untouched")
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".gpulint", dir=path.parent)
         try:
