@@ -1,0 +1,314 @@
+"""Runtime micro-checks: run each rule's original and rewritten snippet on real tensors and compare.
+
+The only gpulint module that imports torch, and only when a check runs. Check kinds (catalog §0.4):
+EQ (outputs and leaf gradients; NaN positions must match), GB (graph breaks via torch._dynamo.explain),
+SYNC (host syncs: sync-debug warnings on CUDA, a dispatch log of syncing ops on CPU), WARN (warning count),
+PERF (CUDA timing, informational). Results are cached per rule, torch version and device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import textwrap
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpulint.rule import MicroCheck, Rule
+
+CACHE_DIR = Path(".gpulint_cache")
+
+
+@dataclass
+class CheckResult:
+    code: str
+    device: str
+    ok: bool
+    equal: bool | None = None
+    max_abs_diff: float | None = None
+    graph_breaks: tuple[int, int] | None = None
+    syncs: tuple[int, int] | None = None
+    warnings: tuple[int, int] | None = None
+    speedup: float | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "no usable torch"
+        return False
+    return True
+
+
+def _namespace(torch: Any, device: str) -> dict[str, Any]:
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    return {"torch": torch, "nn": nn, "F": F, "math": math, "device": device}
+
+
+def _run_snippet(check: MicroCheck, code: str, device: str, seed: int, torch: Any) -> dict[str, Any]:
+    namespace = _namespace(torch, device)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        exec(compile(textwrap.dedent(check.setup), "<setup>", "exec"), namespace)  # noqa: S102 - rule-owned code
+        torch.manual_seed(seed + 1)
+        exec(compile(textwrap.dedent(code), "<snippet>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def _leaves(namespace: dict[str, Any], torch: Any) -> list[Any]:
+    return [v for k, v in sorted(namespace.items()) if isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad]
+
+
+def _compare(check: MicroCheck, before: dict[str, Any], after: dict[str, Any], torch: Any) -> tuple[bool, float]:
+    rtol = check.options.get("rtol", 0.0)
+    atol = check.options.get("atol", 0.0)
+    worst = 0.0
+    for name in check.compare:
+        a, b = before.get(name), after.get(name)
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return False, math.inf
+            if not torch.equal(torch.isnan(a), torch.isnan(b)) if a.is_floating_point() else False:
+                return False, math.inf
+            if a.numel():
+                diff = (a.double() - b.double()).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+                worst = max(worst, float(diff.max()))
+            if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                return False, worst
+        elif a != b:
+            return False, math.inf
+    return True, worst
+
+
+def _grad_check(check: MicroCheck, device: str, seed: int, torch: Any) -> bool:
+    """Leaf gradients after sum(out * g).backward() must match too (when the snippet is differentiable)."""
+    results = []
+    for code in (check.before, check.after):
+        ns = _run_snippet(check, code, device, seed, torch)
+        outputs = [ns[n] for n in check.compare if isinstance(ns.get(n), torch.Tensor) and ns[n].requires_grad]
+        if not outputs:
+            return True
+        gen = torch.Generator(device="cpu").manual_seed(seed + 7)
+        total = sum((o * torch.randn(o.shape, generator=gen).to(o)).sum() for o in outputs)
+        total.backward()
+        results.append([leaf.grad for leaf in _leaves(ns, torch)])
+    rtol, atol = check.options.get("rtol", 0.0), check.options.get("atol", 0.0)
+    return all(
+        (ga is None and gb is None) or (ga is not None and gb is not None
+                                        and torch.allclose(ga, gb, rtol=rtol, atol=atol, equal_nan=True))
+        for ga, gb in zip(*results))
+
+
+def _graph_breaks(check: MicroCheck, code: str, device: str, torch: Any) -> int:
+    import torch._dynamo as dynamo
+
+    namespace = _run_snippet(check, "", device, 0, torch)
+    inputs = [k for k, v in namespace.items() if isinstance(v, torch.Tensor)]
+    body = textwrap.indent(textwrap.dedent(code), "    ")
+    returned = ", ".join(check.compare) or "None"
+    source = f"def _snippet({', '.join(inputs)}):\n{body}\n    return ({returned},)\n"
+    exec(compile(source, "<graph-break-probe>", "exec"), namespace)  # noqa: S102
+    dynamo.reset()
+    explanation = dynamo.explain(namespace["_snippet"])(*[namespace[k].clone() for k in inputs])
+    return max(explanation.graph_break_count, len(explanation.break_reasons))
+
+
+_SYNC_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.item.default"}
+
+
+def _sync_count(check: MicroCheck, code: str, device: str, torch: Any) -> int:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _run_snippet(check, code, device, 0, torch)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SyncLog(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            bool_index = name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())
+                if isinstance(args[1] if len(args) > 1 else None, (list, tuple)))
+            if name in _SYNC_OPS or bool_index:
+                SyncLog.count += 1
+            return func(*args, **(kwargs or {}))
+
+    namespace = _namespace(torch, device)
+    exec(compile(textwrap.dedent(check.setup), "<setup>", "exec"), namespace)  # noqa: S102
+    with SyncLog():
+        exec(compile(textwrap.dedent(code), "<snippet>", "exec"), namespace)  # noqa: S102
+    return SyncLog.count
+
+
+def _warning_count(check: MicroCheck, code: str, device: str, torch: Any) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_snippet(check, code, device, 0, torch)
+    return sum(1 for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning, UserWarning)))
+
+
+def _time(check: MicroCheck, code: str, device: str, torch: Any, repeats: int = 30) -> float:
+    namespace = _namespace(torch, device)
+    with torch.device(device):
+        exec(compile(textwrap.dedent(check.setup), "<setup>", "exec"), namespace)  # noqa: S102
+    compiled = compile(textwrap.dedent(code), "<snippet>", "exec")
+    for _ in range(5):
+        exec(compiled, namespace)  # noqa: S102
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        exec(compiled, namespace)  # noqa: S102
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_check(rule: type[Rule], device: str = "cpu") -> CheckResult:
+    import torch
+
+    check = rule.micro_check
+    result = CheckResult(rule.code, device, ok=True)
+    if check is None or not check.before or not check.after:
+        result.notes.append("no runnable micro-check")
+        return result
+    kinds = set(check.kinds)
+    try:
+        if "EQ" in kinds:
+            seeds = (0, 1, 2)
+            for seed in seeds:  # fresh random data each time, never zeros
+                before = _run_snippet(check, check.before, device, seed, torch)
+                after = _run_snippet(check, check.after, device, seed, torch)
+                equal, worst = _compare(check, before, after, torch)
+                result.max_abs_diff = max(result.max_abs_diff or 0.0, worst)
+                if not equal or not _grad_check(check, device, seed, torch):
+                    result.equal = result.ok = False
+                    break
+            else:
+                result.equal = True
+        if "GB" in kinds:
+            result.graph_breaks = (_graph_breaks(check, check.before, device, torch),
+                                   _graph_breaks(check, check.after, device, torch))
+            if result.graph_breaks[1] > result.graph_breaks[0]:
+                result.ok = False
+        if "SYNC" in kinds:
+            result.syncs = (_sync_count(check, check.before, device, torch),
+                            _sync_count(check, check.after, device, torch))
+            if result.syncs[1] > result.syncs[0]:
+                result.ok = False
+        if "WARN" in kinds:
+            result.warnings = (_warning_count(check, check.before, device, torch),
+                               _warning_count(check, check.after, device, torch))
+            if result.warnings[1] > result.warnings[0]:
+                result.ok = False
+        if device.startswith("cuda"):
+            result.speedup = _time(check, check.before, device, torch) / _time(check, check.after, device, torch)
+    except Exception as error:  # noqa: BLE001 - a check that cannot run has failed
+        result.ok = False
+        result.error = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    return result
+
+
+def cached_check(rule: type[Rule], device: str = "cpu") -> CheckResult:
+    """run_check, remembered per rule, gpulint version, torch version and device in .gpulint_cache/."""
+    import torch
+
+    from gpulint import __version__
+
+    key = f"verify-{__version__}-{torch.__version__}-{device}.json"
+    path = CACHE_DIR / key
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        cache = {}
+    fingerprint = repr(rule.micro_check)
+    entry = cache.get(rule.code)
+    if entry and entry.get("fingerprint") == fingerprint:
+        data = {k: v for k, v in entry["result"].items()}
+        for pair in ("graph_breaks", "syncs", "warnings"):
+            if data.get(pair) is not None:
+                data[pair] = tuple(data[pair])
+        return CheckResult(**data)
+    result = run_check(rule, device)
+    cache[rule.code] = {"fingerprint": fingerprint, "result": result.to_json()}
+    try:
+        CACHE_DIR.mkdir(exist_ok=True)
+        (CACHE_DIR / ".gitignore").write_text("*\n")
+        path.write_text(json.dumps(cache, indent=1))
+    except OSError:
+        pass  # a read-only tree just means no cache
+    return result
+
+
+def _pair(value: tuple[int, int] | None) -> str:
+    return "-" if value is None else f"{value[0]}->{value[1]}"
+
+
+def render_table(results: Sequence[CheckResult]) -> str:
+    header = "| rule | device | result | equal (max abs diff) | graph breaks | syncs | warnings | speed-up |"
+    rows = [header, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        equal = "-" if r.equal is None else ("yes" if r.equal else "NO")
+        if r.max_abs_diff is not None and r.equal is not None:
+            equal += f" ({r.max_abs_diff:.1e})"
+        status = "pass" if r.ok else f"FAIL{': ' + r.error if r.error else ''}"
+        speed = "-" if r.speedup is None else f"x{r.speedup:.2f}"
+        rows.append(f"| {r.code} | {r.device} | {status} | {equal} | {_pair(r.graph_breaks)} | {_pair(r.syncs)} | "
+                    f"{_pair(r.warnings)} | {speed} |")
+    return "\n".join(rows) + "\n"
+
+
+def fixing_rules(rules: Sequence[type[Rule]]) -> list[type[Rule]]:
+    return [r for r in rules if r.fix_title is not None and r.micro_check is not None]
+
+
+def failed_checks(rules: Sequence[type[Rule]], device: str = "cpu") -> dict[str, str]:
+    """Codes of fixing rules whose micro-check fails on the installed torch, with the reason."""
+    failures = {}
+    for rule in fixing_rules(rules):
+        result = cached_check(rule, device)
+        if not result.ok:
+            failures[rule.code] = result.error or "original and rewritten code disagree"
+    return failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from gpulint.registry import all_rules, rule_by_code
+
+    parser = argparse.ArgumentParser(prog="gpulint verify", description=__doc__.splitlines()[0])
+    parser.add_argument("codes", nargs="*", help="rule codes (default: every rule with a micro-check)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    if not torch_available():
+        print("gpulint verify: torch is not installed (pip install 'gpulint[verify]')")
+        return 2
+    rules = [rule_by_code(c) for c in args.codes] if args.codes else [r for r in all_rules() if r.micro_check]
+    results = [run_check(rule, args.device) for rule in rules]
+    if args.format == "json":
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        print(render_table(results), end="")
+    return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,62 @@
+"""The runtime micro-checks: every fixing rule's check passes on CPU, and a wrong rewrite is caught."""
+
+import pytest
+
+torch = pytest.importorskip("torch")  # noqa: F841 - tests extra installs torch; CI always has it
+
+from gpulint import Invalid, MicroCheck, Rule, Safety, Valid  # noqa: E402
+from gpulint.registry import all_rules  # noqa: E402
+from gpulint.verify import failed_checks, fixing_rules, run_check  # noqa: E402
+
+DOC = """
+    ## What it does
+    Test rule.
+    ## Why is this slow
+    ## Example
+    ## Use instead
+    ## Fix safety
+"""
+
+
+@pytest.mark.parametrize("rule", fixing_rules(all_rules()), ids=lambda r: r.code)
+def test_fixing_rule_check_passes_on_cpu(rule):
+    result = run_check(rule, "cpu")
+    assert result.ok, result
+    assert result.equal in (True, None)
+
+
+def test_every_safe_fixing_rule_has_a_check():
+    missing = [r.code for r in all_rules() if r.safety is Safety.SAFE and r.micro_check is None]
+    assert missing == []
+
+
+class WrongMaskFill(Rule):
+    """A deliberately wrong rewrite: masks columns instead of rows on a square tensor (catalog F5)."""
+    __doc__ = DOC
+    code, name, message, fix_title, safety = "GPU995", "wrong-mask-fill", "m", "t", Safety.SAFE
+    examples = [Valid("a\n"), Invalid("x\n", fixed="x\n")]
+    micro_check = MicroCheck(kinds=("EQ",), setup="x = torch.randn(4, 4)\nm = torch.rand(4) > 0.5",
+                             before="y = x.clone()\ny[m] = 0.0", after="y = x.masked_fill(m, 0.0)", compare=("y",))
+
+
+def test_wrong_rewrite_is_caught_and_demoted():
+    result = run_check(WrongMaskFill, "cpu")
+    assert not result.ok and result.equal is False
+    assert "GPU995" in failed_checks([WrongMaskFill])
+
+
+def test_graph_breaks_and_syncs_are_counted():
+    check = MicroCheck(kinds=("EQ", "GB", "SYNC"), setup="x = torch.randn(64, 8)\nm = torch.rand(64) > 0.5",
+                       before="s = x[m].sum()", after="s = x.masked_fill(~m[:, None], 0).sum()",
+                       compare=("s",), options={"rtol": 1e-5, "atol": 1e-5})
+
+    class MaskedSum(Rule):
+        __doc__ = DOC
+        code, name, message, fix_title, safety = "GPU996", "masked-sum", "m", "t", Safety.SAFE
+        examples = [Valid("a\n"), Invalid("x\n", fixed="x\n")]
+        micro_check = check
+
+    result = run_check(MaskedSum, "cpu")
+    assert result.ok, result
+    assert result.graph_breaks[0] >= 1 and result.graph_breaks[1] == 0
+    assert result.syncs[0] >= 1 and result.syncs[1] == 0
