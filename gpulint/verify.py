@@ -3,7 +3,7 @@
 The only gpulint module that imports torch, and only when a check runs. Check kinds (catalog §0.4):
 EQ (outputs and leaf gradients; NaN positions must match), GB (graph breaks via torch._dynamo.explain),
 SYNC (host syncs: sync-debug warnings on CUDA, a dispatch log of syncing ops on CPU), WARN (warning count),
-PERF (CUDA timing, informational). Results are cached per rule, torch version and device.
+PERF (CUDA wall-clock timing, informational). Results are cached per rule, torch version and device.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import textwrap
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -176,13 +177,11 @@ def _time(check: MicroCheck, code: str, device: str, torch: Any, repeats: int = 
         exec(compiled, namespace)  # noqa: S102
     torch.cuda.synchronize()
     times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    for _ in range(repeats):  # wall clock around a synchronized run: host-side blocking counts too
+        start = time.perf_counter()
         exec(compiled, namespace)  # noqa: S102
-        end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
 
 
@@ -224,7 +223,9 @@ def run_check(rule: type[Rule], device: str = "cpu") -> CheckResult:
             if result.warnings[1] > result.warnings[0]:
                 result.ok = False
         if device.startswith("cuda"):
-            result.speedup = _time(check, check.before, device, torch) / _time(check, check.after, device, torch)
+            before_code = check.options.get("perf_before", check.before)
+            after_code = check.options.get("perf_after", check.after)
+            result.speedup = _time(check, before_code, device, torch) / _time(check, after_code, device, torch)
     except Exception as error:  # noqa: BLE001 - a check that cannot run has failed
         result.ok = False
         result.error = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"

@@ -117,8 +117,17 @@ class H2dCopyBlocking(Rule):
             """,
         ),
     ]
-    micro_check = MicroCheck(kinds=("EQ",), setup="x = torch.randn(64, 128)",
-                             before="y = x.to(device)", after="y = x.to(device, non_blocking=True)", compare=("y",))
+    micro_check = MicroCheck(
+        kinds=("EQ",),
+        setup="x = torch.randn(64, 128, device='cpu')",
+        before="y = x.to(device)\nz = (y * 2).sum()",
+        after="y = x.to(device, non_blocking=True)\nz = (y * 2).sum()",
+        compare=("y", "z"),
+        # 200 pinned 1 MiB batches, as a DataLoader with pin_memory=True yields them
+        options={"perf_setup": "xs = [torch.randn(256, 1024, device='cpu').pin_memory() for _ in range(200)]",
+                 "perf_before": "ys = [x.to(device) for x in xs]",
+                 "perf_after": "ys = [x.to(device, non_blocking=True) for x in xs]"},
+    )
 
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
