@@ -16,6 +16,7 @@ from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
 from gpulint.rule import ImportRequest, Report, Rule, RuleContext
 from gpulint.source import newline_of
+from gpulint.suppressions import apply_suppressions
 
 
 @dataclass
@@ -139,7 +140,7 @@ def lint_text(
             return LintResult(path, [syntax_error_diagnostic(path, _python_syntax_error(text, path) or error)])
     active = might_match(text, rules)
     if not active:
-        return LintResult(path, [], module, analysis)
+        return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     if analysis is None:
         analysis = analyze(module, program.module_classes if program else None)
     program = program or ProgramFacts.of_single_file(path, text, analysis)
@@ -153,13 +154,13 @@ def lint_text(
             raise RuleCrash(rule.code, path, exc) from exc
     reports = [(rule, report) for rule in instances for report in rule.reports]
     if not reports:
-        return LintResult(path, [], module, analysis)
+        return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     newline = newline_of(text)
     indents = _Indents(module)
     diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents, text)
                    for rule, report in reports]
-    diagnostics = _apply_noqa(diagnostics, text)
+    diagnostics = apply_suppressions(diagnostics, text, path, (r.code for r in rules))
     unique = {(d.start, d.end, d.code, d.message): d for d in diagnostics}
     return LintResult(path, sorted(unique.values(), key=Diagnostic.sort_key), module, analysis)
 
@@ -282,30 +283,3 @@ def _is_docstring_or_future(statement: cst.CSTNode) -> bool:
         return True
     return isinstance(small, cst.ImportFrom) and not small.relative and \
         getattr(small.module, "value", None) == "__future__"
-
-
-_NOQA = re.compile(r"#\s*(?:noqa:\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)"
-                   r"|gpulint:\s*ignore\[(?P<bracket>[^\]]*)\])", re.I)
-
-
-def suppressed_codes(line: str) -> set[str]:
-    """Codes a `# noqa: GPU011` or `# gpulint: ignore[GPU011]` comment on this line suppresses."""
-    found: set[str] = set()
-    for match in _NOQA.finditer(line):
-        raw = match.group("codes") or match.group("bracket") or ""
-        found.update(code.strip().upper() for code in re.split(r"[\s,]+", raw) if code.strip())
-    return found
-
-
-def _apply_noqa(diagnostics: list[Diagnostic], text: str) -> list[Diagnostic]:
-    if "noqa" not in text and "gpulint:" not in text:
-        return diagnostics
-    lines = text.splitlines()
-    kept = []
-    for diagnostic in diagnostics:
-        span = lines[diagnostic.start.line - 1: diagnostic.end.line] or [""]
-        codes = set().union(*(suppressed_codes(line) for line in span))
-        if diagnostic.code not in codes:
-            kept.append(diagnostic)
-    return kept
-

@@ -11,7 +11,7 @@ from typing import Iterable
 from gpulint.rule import Rule
 
 # Diagnostics of gpulint itself, not rules: always on and never selectable away.
-META_CODES = {"GPU900": "invalid-syntax", "GPU901": "io-error"}
+META_CODES = {"GPU900": "invalid-syntax", "GPU901": "io-error", "GPU902": "unused-noqa"}
 
 
 class SelectorError(ValueError):
