@@ -89,6 +89,8 @@ def run(
     rule_options: dict[str, dict[str, Any]] | None = None,
     can_fix: Callable[[Diagnostic], bool] = lambda d: True,
     file_filter: Callable[[Path], Sequence[type[Rule]]] | None = None,
+    options_for: Callable[[Path], dict[str, dict[str, Any]]] | None = None,  # per-file rule options (config)
+    progress: Callable[[str], None] | None = None,  # called after each file (progress bar)
 ) -> RunResult:
     kwargs = {"excludes": excludes} if excludes is not None else {}
     files, problems = discover(paths, respect_gitignore=respect_gitignore, **kwargs)
@@ -104,10 +106,13 @@ def run(
     errors: list[str] = []
     for shown, source in sources:
         file_rules = file_filter(source.path) if file_filter else rules
+        options = options_for(source.path) if options_for else rule_options
         try:
-            reports.append(_run_file(shown, source, file_rules, program, fix, write, min_safety, rule_options, can_fix))
+            reports.append(_run_file(shown, source, file_rules, program, fix, write, min_safety, options, can_fix))
         except RuleCrash as crash:
             errors.append(str(crash))
+        if progress:
+            progress(shown)
     reports.sort(key=lambda r: r.path)
     return RunResult(reports, errors)
 
