@@ -71,21 +71,20 @@ def is_true(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
-def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.Call]:
-    """All calls below `node`, not descending into nested defs/lambdas/classes unless asked."""
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        if current is not node and not into_functions and isinstance(
-            current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-        ):
-            continue
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(reversed(current.children))
+def _child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Direct children in source order; reading dataclass fields is much cheaper than libcst's `.children`."""
+    found: list[cst.CSTNode] = []
+    for name in node.__dataclass_fields__:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
 
 
 def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:
+    """`node` and everything below it, not descending into nested defs/lambdas/classes unless asked."""
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
@@ -94,7 +93,11 @@ def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CST
         ):
             continue
         yield current
-        stack.extend(reversed(current.children))
+        stack.extend(reversed(_child_nodes(current)))
+
+
+def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.Call]:
+    return (n for n in walk(node, into_functions=into_functions) if isinstance(n, cst.Call))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,14 +304,27 @@ class FileAnalysis:
         return self.main_guard is not None and any(node is self.main_guard for node in ancestors)
 
 
-@dataclass(frozen=True)
-class _StepMarkers:
+@dataclass
+class _Region:
+    """A function or loop seen by the pre-pass, with the training-step markers directly inside it
+    (not inside a nested loop or def)."""
+
+    node: cst.CSTNode
     backward: bool = False
     optimizer_step: bool = False
+    called: set[str] = field(default_factory=set)
+    has_loop: bool = False
 
     @property
-    def any(self) -> bool:
+    def any_marker(self) -> bool:
         return self.backward or self.optimizer_step
+
+
+# exact-type sets: isinstance() against libcst's abstract bases is slow on hot paths
+_STATEMENT_TYPES = frozenset({cst.SimpleStatementLine, cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar,
+                              cst.FunctionDef, cst.ClassDef, cst.Match})
+_REGION_TYPES = frozenset({cst.FunctionDef, cst.For, cst.While})
+_BARRIER_TYPES = frozenset({cst.ClassDef, cst.Lambda})
 
 
 class _PrePass(cst.CSTVisitor):
@@ -319,17 +335,35 @@ class _PrePass(cst.CSTVisitor):
         self.scope_stack: list[Scope] = []
         self.class_stack: list[ClassInfo] = []
         self.counter = 0
+        self.regions: list[_Region] = []
+        self.region_stack: list[_Region | None] = []  # None: a class or lambda body, which ends a region
 
     # the stack of ancestors doubles as the order counter for statements
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.counter += 1
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        kind = type(node)
+        if kind in _STATEMENT_TYPES:
             self.a.order[id(node)] = self.counter
         self.stack.append(node)
+        if kind in _REGION_TYPES:
+            if kind is not cst.FunctionDef:
+                for region in reversed(self.region_stack):
+                    if region is None or isinstance(region.node, cst.FunctionDef):
+                        if region is not None:
+                            region.has_loop = True
+                        break
+            region = _Region(node)
+            self.regions.append(region)
+            self.region_stack.append(region)
+        elif kind in _BARRIER_TYPES:
+            self.region_stack.append(None)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
+        kind = type(original_node)
+        if kind in _REGION_TYPES or kind in _BARRIER_TYPES:
+            self.region_stack.pop()
         self.stack.pop()
 
     @property
@@ -478,36 +512,25 @@ class _PrePass(cst.CSTVisitor):
             self.a.maybe_cuda_evidence = True
         if qual == "torch.compile" and node.args and isinstance(node.args[0].value, cst.Name):
             self.a.compiled_names.add(node.args[0].value.value)
+        region = self.region_stack[-1] if self.region_stack else None
+        if region is None:
+            return
+        if name == "backward" or qual in _STEP_MARKER_FUNCTIONS:
+            region.backward = True
+        elif name == "step" and isinstance(node.func, cst.Attribute):
+            last = (dotted_name(node.func.value) or "").rsplit(".", 1)[-1]
+            if _OPTIMIZER_NAME.search(last) or "scaler" in last.lower():
+                region.optimizer_step = True
+        if isinstance(node.func, cst.Name):
+            region.called.add(node.func.value)
+        elif isinstance(node.func, cst.Attribute):
+            region.called.add(node.func.attr.value)
 
     def visit_If(self, node: cst.If) -> None:
         test = node.test
         if (len(self.stack) == 2 and isinstance(test, cst.Comparison) and dotted_name(test.left) == "__name__"
                 and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__"):
             self.a.main_guard = node
-
-
-def _step_markers(node: cst.CSTNode, a: FileAnalysis, *, stop_at_loops: bool) -> _StepMarkers:
-    """Does `node`'s body call backward / optimizer.step (not looking inside nested defs, or nested loops
-    when `stop_at_loops`)?"""
-    backward = optimizer_step = False
-    stack = list(node.children)
-    while stack:
-        current = stack.pop()
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        if stop_at_loops and isinstance(current, (cst.For, cst.While)):
-            continue
-        if isinstance(current, cst.Call):
-            name = method_name(current)
-            if name == "backward" or a.call_qualname(current) in _STEP_MARKER_FUNCTIONS:
-                backward = True
-            elif name == "step" and isinstance(current.func, cst.Attribute):
-                receiver = dotted_name(current.func.value) or ""
-                last = receiver.rsplit(".", 1)[-1]
-                if _OPTIMIZER_NAME.search(last) or "scaler" in last.lower():
-                    optimizer_step = True
-        stack.extend(current.children)
-    return _StepMarkers(backward, optimizer_step)
 
 
 def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
@@ -527,58 +550,35 @@ def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
                     break
 
 
-def _mark_hot(a: FileAnalysis) -> None:
+def _mark_hot(a: FileAnalysis, regions: list[_Region]) -> None:
     step_functions: set[str] = set()
-    for name, defs in a.functions.items():
-        for fn in defs:
-            info = a.function_class.get(id(fn))
-            if name == "forward" and info is not None and info.is_module:
-                a.hot.setdefault(id(fn), HotKind.FORWARD)
-            elif name == "training_step" and info is not None and info.is_module:
-                a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
-            if name in a.compiled_names:
-                a.hot[id(fn)] = HotKind.COMPILED
-            markers = _step_markers(fn, a, stop_at_loops=True)
-            has_loop = any(isinstance(n, (cst.For, cst.While)) for n in walk(fn.body))
-            if (markers.backward and markers.optimizer_step and not has_loop) or (
-                    markers.any and _STEP_FUNCTION_NAME.match(name)):
-                a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
-                step_functions.add(name)
-    for fn_defs in a.functions.values():
-        for fn in fn_defs:
-            _mark_loops(fn.body, a, step_functions)
-    _mark_loops(a.module, a, step_functions)
-
-
-def _mark_loops(root: cst.CSTNode, a: FileAnalysis, step_functions: set[str]) -> None:
-    for node in walk(root):
-        if isinstance(node, (cst.For, cst.While)) and id(node) not in a.hot:
-            direct = _step_markers(node.body, a, stop_at_loops=True)
-            calls_step_fn = any(
-                (isinstance(c.func, cst.Name) and c.func.value in step_functions)
-                or (isinstance(c.func, cst.Attribute) and c.func.attr.value in step_functions)
-                for c in _calls_outside_nested_loops(node.body)
-            )
-            if direct.any or calls_step_fn:
-                a.hot[id(node)] = HotKind.STEP_LOOP
-
-
-def _calls_outside_nested_loops(body: cst.CSTNode) -> Iterator[cst.Call]:
-    stack = list(body.children)
-    while stack:
-        current = stack.pop()
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.For, cst.While)):
+    for region in regions:
+        fn = region.node
+        if not isinstance(fn, cst.FunctionDef):
             continue
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(current.children)
+        name = fn.name.value
+        info = a.function_class.get(id(fn))
+        if name == "forward" and info is not None and info.is_module:
+            a.hot.setdefault(id(fn), HotKind.FORWARD)
+        elif name == "training_step" and info is not None and info.is_module:
+            a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
+        if name in a.compiled_names:
+            a.hot[id(fn)] = HotKind.COMPILED
+        if (region.backward and region.optimizer_step and not region.has_loop) or (
+                region.any_marker and _STEP_FUNCTION_NAME.match(name)):
+            a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
+            step_functions.add(name)
+    for region in regions:
+        if isinstance(region.node, (cst.For, cst.While)) and (region.any_marker or region.called & step_functions):
+            a.hot.setdefault(id(region.node), HotKind.STEP_LOOP)
 
 
 def analyze(module: cst.Module, known_module_classes: set[str] | None = None) -> FileAnalysis:
     analysis = FileAnalysis(module)
-    module.visit(_PrePass(analysis))
+    prepass = _PrePass(analysis)
+    module.visit(prepass)
     _mark_modules(analysis, known_module_classes or set())
-    _mark_hot(analysis)
+    _mark_hot(analysis, prepass.regions)
     return analysis
 
 
