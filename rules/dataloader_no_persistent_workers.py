@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import dotted_name, has_star_args, method_name, walk
+from gpulint.rules.dataloader_sync_loading import (
+    LoaderFlow,
+    add_keyword,
+    has_cuda_evidence,
+    int_literal,
+    is_dataloader_call,
+    is_test_path,
+    loader_arg,
+)
+
+_COUNT_FUNCTIONS = {"os.cpu_count", "multiprocessing.cpu_count", "torch.get_num_threads"}
+
+
+class DataloaderNoPersistentWorkers(Rule):
+    """
+    ## What it does
+    Finds a `DataLoader` with worker processes (`num_workers > 0`) that is iterated once per epoch inside an
+    epoch loop but does not pass `persistent_workers=True`.
+
+    ## Why is this slow
+    Without `persistent_workers=True` the DataLoader shuts its worker processes down at the end of every pass
+    and starts new ones at the next `for batch in loader`. Each start re-imports modules, re-creates the
+    dataset in every worker and refills the prefetch queue, so the first batches of every epoch stall the
+    GPU; with heavy datasets or imports this costs seconds per epoch.
+
+    ## Example
+    ```python
+    loader = DataLoader(train_set, batch_size=64, num_workers=8)
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(train_set, batch_size=64, num_workers=8, persistent_workers=True)
+    ```
+    When `num_workers` is a variable that may be 0, the fix writes `persistent_workers=num_workers > 0`
+    (`persistent_workers=True` with no workers raises a ValueError).
+
+    ## Fix safety
+    Unsafe. Persistent workers keep their own copy of the dataset for the whole run, so per-epoch changes
+    made to the dataset object in the main process (curriculum stages, `dataset.set_epoch(...)`) no longer
+    reach them, and `worker_init_fn` runs once instead of every epoch. The rule does not fire when the epoch
+    loop visibly changes the dataset (sampler `set_epoch` is fine: the sampler runs in the main process), when
+    a `worker_init_fn` is given, for single-epoch loops, or when `*args`/`**kwargs` may already set the option.
+    """
+
+    code = "GPU051"
+    name = "dataloader-no-persistent-workers"
+    message = "DataLoader workers are restarted every epoch; pass `persistent_workers=True`"
+    fix_title = "Add `persistent_workers=True`"
+    severity = Severity.INFO
+    safety = Safety.UNSAFE
+    priority = "P2"
+    triggers = ("DataLoader",)
+    examples = [
+        Valid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, num_workers=8, persistent_workers=True)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """
+        ),
+        Valid(  # one pass only: nothing to keep alive
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, num_workers=8)
+            for x, y in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # the dataset changes every epoch: persistent workers would not see it
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, num_workers=8)
+            for epoch in range(10):
+                train_set.set_epoch(epoch)
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=8)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=8, persistent_workers=True)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+        ),
+        Invalid(  # a variable worker count may be 0: keep the option valid then
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            loader = DataLoader(train_set, batch_size=64, num_workers=args.workers)
+            for epoch in range(args.epochs):
+                train(model, loader, optimizer)
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            loader = DataLoader(train_set, batch_size=64, num_workers=args.workers, persistent_workers=args.workers > 0)
+            for epoch in range(args.epochs):
+                train(model, loader, optimizer)
+            """,
+        ),
+    ]
+    micro_check = MicroCheck(
+        kinds=("EQ",),
+        setup=("from torch.utils.data import DataLoader, Dataset\n"
+               "class Squares(Dataset):\n"
+               "    def __len__(self):\n"
+               "        return 32\n"
+               "    def __getitem__(self, i):\n"
+               "        return torch.arange(3, device='cpu', dtype=torch.float32) * i ** 2\n"
+               "ds = Squares()"),
+        before=("loader = DataLoader(ds, batch_size=8, num_workers=2)\n"
+                "xs = torch.cat([b for epoch in range(2) for b in loader])"),
+        after=("loader = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)\n"
+               "xs = torch.cat([b for epoch in range(2) for b in loader])"),
+        compare=("xs",),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        analysis = self.ctx.analysis
+        if not is_dataloader_call(analysis, node) or has_star_args(node) or is_test_path(self.ctx.path):
+            return
+        workers = loader_arg(node, "num_workers")
+        if workers is None or int_literal(workers.value) == 0 or _is_none(workers.value):
+            return
+        if loader_arg(node, "persistent_workers") is not None or loader_arg(node, "worker_init_fn") is not None:
+            return
+        if not has_cuda_evidence(self.ctx):
+            return
+        flow = LoaderFlow.of(analysis)
+        epoch_loop = flow.iterated_per_epoch(node)
+        if epoch_loop is None or _changes_dataset(epoch_loop, node):
+            return
+        value = workers.value
+        if self._positive(value):
+            self.report(node, replacement=add_keyword(node, "persistent_workers", "True"))
+        elif _pure(value):
+            text = self.ctx.code(value).strip()
+            if isinstance(value, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr, cst.Comparison)) \
+                    and not value.lpar:
+                text = f"({text})"
+            self.report(node, replacement=add_keyword(node, "persistent_workers", f"{text} > 0"))
+        else:
+            self.report(node, note="`num_workers` is computed by a call here; add `persistent_workers=True` "
+                                   "where the worker count is known to be positive")
+
+    def _positive(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """Provably >= 1: a positive literal, `min` of positives, `max` with a positive, `cpu_count() or 1`."""
+        if depth > 4:
+            return False
+        value = int_literal(node)
+        if value is not None:
+            return value > 0
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or):
+            return self._positive(node.right, depth + 1) and (
+                self._positive(node.left, depth + 1) or self._count(node.left))
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and not any(a.star for a in node.args):
+            args = [a.value for a in node.args]
+            if node.func.value == "min" and len(args) > 1:
+                return all(self._positive(a, depth + 1) for a in args)
+            if node.func.value == "max" and len(args) > 1:
+                return any(self._positive(a, depth + 1) for a in args)
+        return False
+
+    def _count(self, node: cst.BaseExpression) -> bool:
+        """An expression that is a CPU count or None (never negative)."""
+        if isinstance(node, cst.Call):
+            if self.ctx.analysis.call_qualname(node) in _COUNT_FUNCTIONS:
+                return True
+            if isinstance(node.func, cst.Name) and node.func.value == "len":
+                return True
+        return False
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _pure(node: cst.BaseExpression) -> bool:
+    """Cheap to evaluate twice, without side effects: names, attributes, literals and arithmetic on them."""
+    if isinstance(node, (cst.Name, cst.Integer)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _pure(node.value)
+    if isinstance(node, cst.Subscript):
+        return _pure(node.value) and all(
+            isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer, cst.SimpleString))
+            for e in node.slice)
+    if isinstance(node, cst.BinaryOperation):
+        return _pure(node.left) and _pure(node.right)
+    if isinstance(node, cst.BooleanOperation):
+        return _pure(node.left) and _pure(node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return _pure(node.expression)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("int", "min", "max") \
+            and node.args and not any(a.star or a.keyword for a in node.args):
+        return all(_pure(a.value) for a in node.args)
+    return False
+
+
+def _changes_dataset(epoch_loop: cst.CSTNode, call: cst.Call) -> bool:
+    """Does the epoch loop change the dataset object (not the sampler)? Persistent workers would not see it."""
+    dataset = loader_arg(call, "dataset")
+    dataset_name = dotted_name(dataset.value) if dataset is not None else None
+    for node in walk(epoch_loop, into_functions=False):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            receiver = dotted_name(node.func.value) or ""
+            name = method_name(node) or ""
+            if "sampler" in receiver.lower():
+                continue
+            if name == "set_epoch":
+                return True
+            if name.startswith("set_") and (receiver == dataset_name or "dataset" in receiver.lower()):
+                return True
+        elif isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, cst.Attribute):
+                    receiver = dotted_name(target.value) or ""
+                    if receiver == dataset_name or receiver.endswith(".dataset") or receiver == "dataset":
+                        return True
+    return False
