@@ -590,6 +590,7 @@ _BARRIER_FUNCTIONS = {"torch.manual_seed", "torch.set_grad_enabled", "torch.auto
                       "torch.cuda.manual_seed_all", "torch.random.manual_seed", "torch.use_deterministic_algorithms"}
 _MODULE_NAME = re.compile(r"(^|_)(model|net|network|policy|actor|critic|encoder|decoder|disc|discriminator|"
                           r"generator|q_?net|q_?func|value_?net|backbone|agent)s?\d*$", re.I)
+_WRAP_AT = 96  # longer rewrites put the split on its own line
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.enable_grad"}
 
 
@@ -1029,6 +1030,8 @@ class SplitForwardSameModule(Rule):
                 calls[0], cst.parse_expression(merged)))
             target_code = ", ".join(cst.Module(body=[]).code_for_node(t) for t in targets)
             new_code = f"{target_code} = {value_code}.split([{', '.join(sizes)}])"
+            if len(new_code) > _WRAP_AT:
+                new_code = f"{target_code} = {value_code}.split(\n    [{', '.join(sizes)}]\n)"
         else:
             per_output = [[cst.Module(body=[]).code_for_node(t.elements[j].value) for t in targets]  # type: ignore[union-attr]
                           for j in range(k)]
@@ -1042,6 +1045,8 @@ class SplitForwardSameModule(Rule):
                     + [f"{var}[{bounds[-1]}:]"]
                 split = f"({', '.join(pieces)})"
             new_code = f"{target_code} = ({split} for {var} in {merged})"
+            if len(new_code) > _WRAP_AT:
+                new_code = f"{target_code} = (\n    {split} for {var} in {merged}\n)"
         try:
             new_small = cst.parse_statement(new_code + "\n")
         except cst.ParserSyntaxError:
