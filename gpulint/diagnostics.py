@@ -85,3 +85,24 @@ class Diagnostic:
 
     def sort_key(self) -> tuple:
         return (self.path, self.start.line, self.start.col, self.code)
+
+
+def diagnostic_to_dict(d: Diagnostic) -> dict:
+    """A plain, JSON-safe form (cache entries, worker results)."""
+    fix = None if d.fix is None else {
+        "title": d.fix.title, "safety": d.fix.safety.value,
+        "edits": [[e.start.line, e.start.col, e.end.line, e.end.col, e.content] for e in d.fix.edits],
+    }
+    return {"path": d.path, "span": [d.start.line, d.start.col, d.end.line, d.end.col], "code": d.code,
+            "name": d.name, "message": d.message, "severity": d.severity.value, "fix": fix, "note": d.note}
+
+
+def diagnostic_from_dict(data: dict) -> Diagnostic:
+    line, col, end_line, end_col = data["span"]
+    fix = data["fix"]
+    return Diagnostic(
+        data["path"], Position(line, col), Position(end_line, end_col), data["code"], data["name"], data["message"],
+        Severity(data["severity"]),
+        None if fix is None else Fix(fix["title"], Safety(fix["safety"]), tuple(
+            Edit(Position(a, b), Position(c, d), content) for a, b, c, d, content in fix["edits"])),
+        data["note"])

@@ -27,9 +27,15 @@ class ProgramFacts:
     maybe_cuda_evidence: bool = False
     module_classes: set[str] = field(default_factory=set)
     sources: dict[str, str] = field(default_factory=dict)  # path -> text of every file in the run
+    searched: bool = False  # set when a rule looked at other files (the result then depends on the program)
+
+    def summary(self) -> tuple:
+        """The facts every rule may see (cache key)."""
+        return (self.cuda_evidence, self.maybe_cuda_evidence, sorted(self.module_classes))
 
     def search(self, pattern: str | re.Pattern[str]) -> list[tuple[str, re.Match[str]]]:
         """Matches of a regex in all files of the program (program-level rules: TF32 set elsewhere, ...)."""
+        self.searched = True
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         return [(path, match) for path, text in self.sources.items() for match in regex.finditer(text)]
 

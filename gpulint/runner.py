@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+import pickle
 import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from gpulint.cache import ResultCache, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover
 from gpulint.engine import ProgramFacts, RuleCrash, lint_text
 from gpulint.fixer import FixOutcome, fix_text
-from gpulint.registry import META_CODES
+from gpulint.registry import META_CODES, rule_by_code
 from gpulint.rule import Rule
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
 
@@ -72,6 +78,10 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     return facts
 
 
+def _always(diagnostic: Diagnostic) -> bool:
+    return True
+
+
 def _io_error(path: str, message: str) -> Diagnostic:
     start = Position(1, 1)
     return Diagnostic(path, start, start, "GPU901", META_CODES["GPU901"], message, Severity.ERROR)
@@ -87,10 +97,12 @@ def run(
     excludes: Sequence[str] | None = None,
     respect_gitignore: bool = True,
     rule_options: dict[str, dict[str, Any]] | None = None,
-    can_fix: Callable[[Diagnostic], bool] = lambda d: True,
+    can_fix: Callable[[Diagnostic], bool] = _always,
     file_filter: Callable[[Path], Sequence[type[Rule]]] | None = None,
     options_for: Callable[[Path], dict[str, dict[str, Any]]] | None = None,  # per-file rule options (config)
     progress: Callable[[str], None] | None = None,  # called after each file (progress bar)
+    cache_dir: Path | None = None,  # `check` results cache; None disables it
+    jobs: int | None = None,  # worker processes; None: automatic
 ) -> RunResult:
     kwargs = {"excludes": excludes} if excludes is not None else {}
     files, problems = discover(paths, respect_gitignore=respect_gitignore, **kwargs)
@@ -103,18 +115,113 @@ def run(
         except SourceError as error:
             reports.append(FileReport(shown, [_io_error(shown, str(error))]))
     program = program_facts(sources)
+    tasks = [_Task(shown, source, tuple(r.code for r in (file_filter(source.path) if file_filter else rules)),
+                   options_for(source.path) if options_for else (rule_options or {}))
+             for shown, source in sources]
+    settings = _Settings(fix, write, min_safety, can_fix)
+    cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
+    program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in sources))
+    facts_key = digest(program.summary())
+    pending: list[_Task] = []
+    for task in tasks:
+        cached = cache.get(_file_key(task), content_hash(task.source.raw), facts_key, program_key) if cache else None
+        if cached is None:
+            pending.append(task)
+        else:
+            reports.append(FileReport(task.shown, cached, original=task.source.text))
+            if progress:
+                progress(task.shown)
     errors: list[str] = []
-    for shown, source in sources:
-        file_rules = file_filter(source.path) if file_filter else rules
-        options = options_for(source.path) if options_for else rule_options
-        try:
-            reports.append(_run_file(shown, source, file_rules, program, fix, write, min_safety, options, can_fix))
-        except RuleCrash as crash:
-            errors.append(str(crash))
+    for task, outcome, searched in _execute_all(pending, program, settings, jobs):
+        if isinstance(outcome, str):
+            errors.append(outcome)
+        else:
+            reports.append(outcome)
+            if cache is not None:
+                cache.put(_file_key(task), content_hash(task.source.raw), facts_key,
+                          program_key if searched else None, outcome.diagnostics)
         if progress:
-            progress(shown)
+            progress(task.shown)
+    if cache is not None:
+        cache.save()
     reports.sort(key=lambda r: r.path)
     return RunResult(reports, errors)
+
+
+@dataclass(frozen=True)
+class _Task:
+    shown: str
+    source: SourceFile
+    codes: tuple[str, ...]
+    options: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Settings:
+    fix: bool
+    write: bool
+    min_safety: Safety
+    can_fix: Callable[[Diagnostic], bool]
+
+
+def _file_key(task: _Task) -> str:
+    return str(task.source.path.resolve())
+
+
+def _open_cache(directory: Path, tasks: Sequence[_Task], fix: bool) -> ResultCache | None:
+    if fix:
+        return None  # fixing re-lints as it goes; the cache serves `check`
+    return ResultCache(directory, digest(sorted({(t.codes, json.dumps(t.options, sort_keys=True)) for t in tasks})))
+
+
+# Worker state: set once per process by the pool initializer (program facts are large; send them once).
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(program: ProgramFacts, settings: _Settings) -> None:
+    _WORKER["program"], _WORKER["settings"] = program, settings
+
+
+def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settings | None = None
+             ) -> tuple[_Task, FileReport | str, bool]:
+    program = program or _WORKER["program"]
+    settings = settings or _WORKER["settings"]
+    program.searched = False
+    rules = [rule_by_code(code) for code in task.codes]
+    try:
+        report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.write,
+                           settings.min_safety, task.options, settings.can_fix)
+    except RuleCrash as crash:
+        return task, str(crash), False
+    return task, report, program.searched
+
+
+def _worker_count(jobs: int | None, pending: int, settings: _Settings) -> int:
+    if jobs is not None:
+        return max(1, jobs)
+    if os.environ.get("PRE_COMMIT") or pending < _PARALLEL_THRESHOLD:
+        return 1  # pre-commit already runs hooks in parallel: no nested pools
+    try:
+        pickle.dumps(settings)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return 1  # a per-run callback (e.g. from a test) cannot travel to workers
+    return min(os.cpu_count() or 1, 8)
+
+
+_PARALLEL_THRESHOLD = 40
+
+
+def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, jobs: int | None
+                 ) -> Iterator[tuple[_Task, FileReport | str, bool]]:
+    workers = _worker_count(jobs, len(tasks), settings)
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield _execute(task, program, settings)
+        return
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(program, settings)) as pool:
+        yield from pool.map(_execute, tasks, chunksize=max(1, len(tasks) // (workers * 8)))
 
 
 def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], program: ProgramFacts, fix: bool,

@@ -1,0 +1,69 @@
+"""Results cache for `check`: unchanged files are not parsed again.
+
+An entry is keyed by the file's content hash, gpulint's version, the effective settings (rules and options)
+and the program facts the file's rules saw. A file whose rules looked at other files of the program
+(program-level rules) is also keyed by a digest of the whole program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpulint import __version__
+from gpulint.diagnostics import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
+
+CACHE_DIR_NAME = ".gpulint_cache"
+
+
+def digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class ResultCache:
+    def __init__(self, directory: Path, settings_key: str) -> None:
+        self.directory = directory
+        self.path = directory / f"results-{__version__}-{settings_key}.json"
+        self.entries: dict[str, dict] = {}
+        self.dirty = False
+        try:
+            self.entries = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.entries = {}
+
+    def get(self, file_key: str, content_hash: str, facts_key: str, program_key: str) -> list[Diagnostic] | None:
+        entry = self.entries.get(file_key)
+        if not entry or entry["content"] != content_hash or entry["facts"] != facts_key:
+            return None
+        if entry["program"] is not None and entry["program"] != program_key:
+            return None
+        return [diagnostic_from_dict(d) for d in entry["diagnostics"]]
+
+    def put(self, file_key: str, content_hash: str, facts_key: str, program_key: str | None,
+            diagnostics: list[Diagnostic]) -> None:
+        self.entries[file_key] = {"content": content_hash, "facts": facts_key, "program": program_key,
+                                  "diagnostics": [diagnostic_to_dict(d) for d in diagnostics]}
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            ignore = self.directory / ".gitignore"
+            if not ignore.exists():
+                ignore.write_text("# created by gpulint\n*\n")
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".results.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self.entries, handle)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only checkout just runs without a cache
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
