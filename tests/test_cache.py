@@ -41,7 +41,7 @@ def test_changed_file_settings_or_program_invalidate(project, monkeypatch):
     _run(project)
     assert [p.endswith("train.py") for p in linted] == [True]
     linted.clear()
-    _run(project, rules=("GPU011", "GPU010"))  # other settings: everything again
+    _run(project, rule_options={"GPU011": {"unused": 1}})  # other settings: everything again
     assert len(linted) == 2
     linted.clear()
     # program facts changed (a CUDA mention in another file): every file's result may change
