@@ -1,23 +1,40 @@
-"""`gpulint check | fix | rule | rules`. Exit codes as ruff: 0 clean, 1 findings remain, 2 usage/config/internal."""
+"""`gpulint check | fix | rule | rules`. Exit codes as ruff: 0 clean, 1 findings remain, 2 usage/config/internal.
+
+`check` reports; `check --fix` = `fix --apply`; `check --diff` = `fix`. `fix` prints the diff of the fixes
+and writes nothing; `fix --apply` writes them and exits 1 when findings remain.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import json
+import os
 import sys
-from typing import Sequence
-
-from rich.console import Console
-from rich.table import Table
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
 
 from gpulint import __version__
-from gpulint.diagnostics import Safety
-from gpulint.registry import SelectorError, all_rules, rule_by_code, select_rules
-from gpulint.reporters import TextReporter, render_github, render_json
-from gpulint.reporters.text import unified_diff
-from gpulint.runner import RunResult, run
+from gpulint.config import OUTPUT_FORMATS, ConfigError, Layer, Resolver, Settings
+from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
+from gpulint.discovery import discover
+from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
+from gpulint.engine import RuleCrash, lint_text
+from gpulint.fixer import fix_text
+from gpulint.registry import SelectorError
+from gpulint.reporters import (
+    MACHINE_FORMATS, Writer, render_concise, render_diff, render_fixed, render_full, render_github, render_json,
+    render_json_lines, render_sarif, render_statistics, render_summary, use_color,
+)
+from gpulint.reporters.text import render_remaining_hint
+from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
+from gpulint.runner import RunResult, display_path, run
+from gpulint.source import SourceError, read_source, write_source_atomically
+from gpulint.suppressions import IGNORE_NOQA_ENV, UNUSED_CODE, add_noqa
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+PROGRESS_MIN_FILES = 20  # a progress bar only for runs at least this long, and only on a terminal
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,8 +42,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"gpulint: error: {message}\n")
 
 
+class UsageError(Exception):
+    """A one-line problem with the command line or the environment (exit code 2)."""
+
+
 def _codes(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _pattern_codes(value: str) -> tuple[str, list[str]]:
+    pattern, sep, codes = value.rpartition(":")
+    if not sep or not pattern or not _codes(codes):
+        raise argparse.ArgumentTypeError(f"expected PATTERN:CODES (e.g. 'tests/*:GPU01'), got {value!r}")
+    return pattern, _codes(codes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,24 +63,66 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def lint_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("paths", nargs="*", default=["."], help="files or directories (default: .)")
-        p.add_argument("--select", type=_codes, help="rule codes, prefixes or names to enable (replaces defaults)")
-        p.add_argument("--extend-select", type=_codes, default=[], help="add rules to the selection")
-        p.add_argument("--ignore", type=_codes, default=[], help="rule codes, prefixes or names to disable")
-        p.add_argument("--output-format", choices=("full", "concise", "json", "github"), default="full")
-        p.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain")
-        p.add_argument("--statistics", action="store_true", help="print counts per rule instead of findings")
-        p.add_argument("--no-respect-gitignore", dest="respect_gitignore", action="store_false")
-        p.add_argument("-q", "--quiet", action="store_true", help="print findings only, no summary")
+        p.add_argument("paths", nargs="*", default=["."], help="files or directories (default: .); - reads stdin")
+        sel = p.add_argument_group("rule selection")
+        sel.add_argument("--select", action="extend", type=_codes, metavar="CODES",
+                         help="rule codes, prefixes (GPU01), names or ALL to enable (replaces the config's)")
+        sel.add_argument("--extend-select", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--ignore", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--per-file-ignores", action="append", type=_pattern_codes, metavar="PATTERN:CODES",
+                         help="replaces the config's per-file-ignores")
+        sel.add_argument("--extend-per-file-ignores", action="append", type=_pattern_codes, default=[],
+                         metavar="PATTERN:CODES")
+        sel.add_argument("--fixable", action="extend", type=_codes, metavar="CODES")
+        sel.add_argument("--unfixable", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--extend-fixable", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
+                         help="also apply fixes that may change behaviour")
+        files = p.add_argument_group("files")
+        files.add_argument("--exclude", action="extend", type=_codes, metavar="GLOBS",
+                           help="replaces the default excludes")
+        files.add_argument("--extend-exclude", action="extend", type=_codes, default=[], metavar="GLOBS")
+        files.add_argument("--respect-gitignore", action=argparse.BooleanOptionalAction, default=None)
+        files.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
+                           help="apply excludes to files named on the command line too (pre-commit)")
+        files.add_argument("--stdin-filename", metavar="PATH", help="the path of the code read from stdin")
+        files.add_argument("--show-files", action="store_true", help="list the files that would be linted")
+        cfg = p.add_argument_group("configuration")
+        cfg.add_argument("--config", metavar="PATH|KEY=VALUE",
+                         help="a config file for all paths, or an inline TOML override like \"select = ['GPU0']\"")
+        cfg.add_argument("--isolated", action="store_true", help="ignore every config file")
+        cfg.add_argument("--show-settings", action="store_true", help="print the resolved settings and exit")
+        out = p.add_argument_group("output")
+        out.add_argument("--output-format", choices=OUTPUT_FORMATS, default=None,
+                         help="default: full (env GPULINT_OUTPUT_FORMAT)")
+        out.add_argument("-o", "--output-file", metavar="FILE", help="write the report to FILE (env GPULINT_OUTPUT_FILE)")
+        out.add_argument("--statistics", action="store_true", help="counts per rule instead of findings")
+        out.add_argument("--show-fixes", action=argparse.BooleanOptionalAction, default=None,
+                         help="list what was fixed, per file")
+        out.add_argument("-e", "--exit-zero", action="store_true", help="exit 0 even when findings remain")
+        out.add_argument("--exit-non-zero-on-fix", action="store_true", help="exit 1 when anything was fixed")
+        out.add_argument("-q", "--quiet", action="store_true", help="findings only, no summary")
+        out.add_argument("-s", "--silent", action="store_true", help="print nothing (the exit code tells)")
+        out.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+        sup = p.add_argument_group("suppressions and baselines")
+        sup.add_argument("--add-noqa", nargs="?", const="", default=None, metavar="REASON",
+                         help="add `# noqa: CODES` to every line with a finding, then exit")
+        sup.add_argument("--ignore-noqa", action="store_true", help="ignore every suppression comment")
+        sup.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in FILE")
+        sup.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
+        p.add_argument("--fix-only", action="store_true", help="apply fixes; do not report what remains")
 
     check = sub.add_parser("check", help="report findings")
     lint_options(check)
+    check.add_argument("--fix", action="store_true", help="alias of `gpulint fix --apply`")
+    check.add_argument("--diff", action="store_true", help="alias of `gpulint fix` (print the diff, write nothing)")
     fix = sub.add_parser("fix", help="show the diff of fixes (write them with --apply)")
     lint_options(fix)
     fix.add_argument("--apply", action="store_true", help="write the fixes to the files")
-    fix.add_argument("--unsafe-fixes", action="store_true", help="also apply fixes that may change behaviour")
-    rule = sub.add_parser("rule", help="explain one rule")
-    rule.add_argument("code")
+    fix.add_argument("--diff", action="store_true", help="print the diff, write nothing (the default)")
+    rule = sub.add_parser("rule", help="explain a rule")
+    rule.add_argument("code", nargs="?", help="a rule code or name")
+    rule.add_argument("--all", action="store_true", help="every rule")
     rule.add_argument("--output-format", choices=("text", "json"), default="text")
     rules = sub.add_parser("rules", help="list all rules")
     rules.add_argument("--output-format", choices=("text", "json"), default="text")
@@ -60,108 +130,491 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    console = Console(soft_wrap=True)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help, --version, usage errors
+        return int(exit_.code or 0)
     try:
         if args.command == "rules":
-            return _rules(args, console)
+            return _rules(args)
         if args.command == "rule":
-            return _rule(args, console)
-        return _lint(args, console)
-    except SelectorError as error:
+            return _rule(args)
+        return _lint(args)
+    except (SelectorError, ConfigError, UsageError, BaselineError) as error:
         print(f"gpulint: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("gpulint: interrupted", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # `gpulint check | head`
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter from complaining at exit
+        except OSError:
+            pass
+        return EXIT_ERROR
 
 
-def _lint(args: argparse.Namespace, console: Console) -> int:
-    rules = select_rules(args.select, args.ignore, args.extend_select)
-    fixing = args.command == "fix"
-    unsafe = fixing and args.unsafe_fixes
-    result = run(args.paths, rules, fix=fixing, write=fixing and args.apply,
-                 min_safety=Safety.UNSAFE if unsafe else Safety.SAFE, respect_gitignore=args.respect_gitignore)
+# -- settings -------------------------------------------------------------------------------------------------
+
+def _cli_layer(args: argparse.Namespace) -> Layer:
+    layer = Layer("command line", Path.cwd())
+    layer.select = args.select
+    layer.ignore = list(args.ignore)
+    layer.extend_select = list(args.extend_select)
+    layer.fixable = args.fixable
+    layer.unfixable = list(args.unfixable)
+    layer.extend_fixable = list(args.extend_fixable)
+    if args.per_file_ignores is not None:
+        layer.per_file_ignores = {}
+        for pattern, codes in args.per_file_ignores:
+            layer.per_file_ignores.setdefault(pattern, []).extend(codes)
+    for pattern, codes in args.extend_per_file_ignores:
+        layer.extend_per_file_ignores.setdefault(pattern, []).extend(codes)
+    layer.exclude = args.exclude
+    layer.extend_exclude = list(args.extend_exclude)
+    layer.respect_gitignore = args.respect_gitignore
+    layer.force_exclude = args.force_exclude
+    layer.unsafe_fixes = args.unsafe_fixes
+    layer.show_fixes = args.show_fixes
+    layer.output_format = args.output_format
+    return layer
+
+
+@dataclasses.dataclass
+class _Mode:
+    fix: bool  # run the fixer
+    write: bool  # write the files
+    fix_only: bool
+
+    @property
+    def dry_run(self) -> bool:
+        return self.fix and not self.write
+
+
+def _mode(args: argparse.Namespace) -> _Mode:
+    if args.command == "fix":
+        write = bool(args.apply) and not args.diff
+        return _Mode(True, write, args.fix_only and write)
+    if args.diff:
+        return _Mode(True, False, False)
+    if args.fix or args.fix_only:
+        return _Mode(True, True, args.fix_only)
+    return _Mode(False, False, False)
+
+
+@dataclasses.dataclass
+class _Files:
+    paths: list[str]  # what to give the runner: files, and missing paths (reported as GPU901)
+    settings: dict[str, Settings]  # display path -> settings
+
+
+def _collect(raw_paths: Sequence[str], resolver: Resolver) -> _Files:
+    chosen: dict[str, Path] = {}
+    missing: list[str] = []
+    for raw in raw_paths:
+        path = Path(raw)
+        if not path.exists() and not path.is_symlink():
+            missing.append(raw)
+            continue
+        if not path.is_dir():
+            settings = resolver.settings_for(path)
+            if settings.force_exclude and settings.is_excluded(path):
+                continue
+            chosen.setdefault(str(path.resolve()), path)
+            continue
+        root_settings = resolver.settings_for(path)
+        files, problems = discover([raw], excludes=root_settings.walk_excludes(),
+                                   respect_gitignore=root_settings.respect_gitignore)
+        missing.extend(p.path for p in problems)
+        for found in files:
+            if resolver.settings_for(found).is_excluded(found, below=path):
+                continue
+            chosen.setdefault(str(found.resolve()), found)
+    ordered = sorted(chosen.values(), key=lambda p: p.as_posix())
+    settings = {display_path(p): resolver.settings_for(p) for p in ordered}
+    return _Files([str(p) for p in ordered] + missing, settings)
+
+
+class _Policy:
+    """Per-file decisions from settings: which findings count, which fixes apply."""
+
+    def __init__(self, settings: dict[str, Settings], default: Settings) -> None:
+        self.settings = settings
+        self.default = default
+
+    def of(self, path: str) -> Settings:
+        return self.settings.get(path, self.default)
+
+    def keep(self, d: Diagnostic) -> bool:
+        return d.code != UNUSED_CODE or self.of(d.path).code_enabled(d.code, Path(d.path))
+
+    def can_fix(self, d: Diagnostic) -> bool:
+        if d.fix is None or not self.keep(d):
+            return False
+        settings = self.of(d.path)
+        if not settings.is_fixable(d.code):
+            return False
+        return d.fix.safety is Safety.SAFE or (d.fix.safety is Safety.UNSAFE and settings.unsafe_fixes)
+
+    def hidden_unsafe(self, d: Diagnostic) -> bool:
+        settings = self.of(d.path)
+        return (d.fix is not None and d.fix.safety is Safety.UNSAFE and not settings.unsafe_fixes
+                and settings.is_fixable(d.code))
+
+
+# -- check / fix ----------------------------------------------------------------------------------------------
+
+def _lint(args: argparse.Namespace) -> int:
+    mode = _mode(args)
+    if args.ignore_noqa:
+        os.environ[IGNORE_NOQA_ENV] = "1"
+    resolver = Resolver(_cli_layer(args), config=args.config, isolated=args.isolated)
+    cwd_settings = resolver.settings_for(Path.cwd())
+    fmt = args.output_format or os.environ.get("GPULINT_OUTPUT_FORMAT") or cwd_settings.output_format
+    if fmt not in OUTPUT_FORMATS:
+        raise UsageError(f"unknown output format {fmt!r} (GPULINT_OUTPUT_FORMAT); one of {', '.join(OUTPUT_FORMATS)}")
+    if args.write_baseline and mode.fix:
+        raise UsageError("--write-baseline records findings; it cannot be combined with fixing")
+    output_file = args.output_file or os.environ.get("GPULINT_OUTPUT_FILE")
+    if args.show_settings:
+        target = Path(args.paths[0]) if args.paths and args.paths[0] != "-" else Path.cwd()
+        print(json.dumps(resolver.settings_for(target).describe(), indent=2, default=str))
+        return EXIT_CLEAN
+    if args.paths == ["-"] or (args.stdin_filename and not args.paths):
+        return _lint_stdin(args, resolver, mode, fmt)
+    if "-" in args.paths:
+        raise UsageError("`-` (stdin) cannot be combined with other paths")
+    files = _collect(args.paths, resolver)
+    if args.show_files:
+        for path in files.settings:
+            print(path)
+        return EXIT_CLEAN
+    policy = _Policy(files.settings, cwd_settings)
+    rules = sorted({r for s in [*files.settings.values(), cwd_settings] for r in s.rules}, key=lambda r: r.code)
+    human = fmt not in MACHINE_FORMATS and not args.statistics
+
+    def file_rules(path: Path):
+        settings = policy.of(display_path(path))
+        return settings.rules_for(path)
+
+    def file_options(path: Path):
+        return policy.of(display_path(path)).options
+
+    with _progress(len(files.settings), enabled=human and not args.quiet and not args.silent
+                   and args.add_noqa is None) as advance:
+        result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
+                     respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
+                     options_for=file_options, progress=advance)
     for error in result.errors:
         print(f"gpulint: error: {error}", file=sys.stderr)
     for report in result.files:
         if report.error:
             print(f"gpulint: {report.path}: {report.error}", file=sys.stderr)
-    diagnostics = result.diagnostics
+    if args.add_noqa is not None:
+        return _add_noqa(result, policy, args.add_noqa, args)
+    stream: TextIO = sys.stdout
+    handle = None
+    if output_file:
+        try:
+            handle = open(output_file, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+        except OSError as error:
+            raise UsageError(f"cannot write {output_file}: {error.strerror or error}") from None
+        stream = handle
+    try:
+        return _report(args, mode, fmt, result, policy, rules, stream)
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, policy: _Policy,
+            rules: Sequence, stream: TextIO) -> int:
+    silent = args.silent
+    writer = Writer(stream, color=fmt in ("full", "concise") and use_color(stream, args.color))
+    # what the findings are measured against: the text on disk after this command
+    sources: dict[str, str] = {}
+    for report in result.files:
+        if report.original is None:
+            continue
+        written_or_checked = report.fix.text if (report.fix and mode.write and report.written) else report.original
+        sources[report.path] = written_or_checked
+    diagnostics: list[Diagnostic] = []
+    fixed: dict[str, list[Diagnostic]] = {}
     would_change = False
-    if fixing:
-        would_change = _report_fixes(args, result, console)
-    if args.output_format == "json":
-        sys.stdout.write(render_json(diagnostics))
-    elif args.output_format == "github":
-        sys.stdout.write(render_github(diagnostics))
-    else:
-        reporter = TextReporter(console, concise=args.output_format == "concise")
-        if args.statistics:
-            reporter.statistics(diagnostics)
+    for report in result.files:
+        remaining = [d for d in report.diagnostics if policy.keep(d)]
+        outcome = report.fix
+        if outcome is not None and outcome.changed and report.original is not None and \
+                outcome.text != report.original:
+            if mode.write and report.written:
+                fixed[report.path] = list(outcome.fixed)
+            elif mode.dry_run:
+                would_change = True
+                fixed[report.path] = list(outcome.fixed)
+                remaining = _map_to_original(report.original, outcome.text, remaining)
+        diagnostics.extend(remaining)
+    diagnostics.sort(key=Diagnostic.sort_key)
+    if args.write_baseline:
+        count = write_baseline(Path(args.write_baseline), diagnostics, sources)
+        if not silent:
+            print(f"Wrote {count} finding{'s' if count != 1 else ''} to the baseline {args.write_baseline}.",
+                  file=sys.stderr)
+        return EXIT_ERROR if result.errors else EXIT_CLEAN
+    hidden_by_baseline = 0
+    if args.baseline:
+        diagnostics, hidden_by_baseline = Baseline.load(Path(args.baseline)).filter(diagnostics, sources)
+    fixed_count = sum(len(v) for v in fixed.values())
+    show_fixes = args.show_fixes if args.show_fixes is not None else policy.default.show_fixes
+    human = fmt not in MACHINE_FORMATS
+    if not silent:
+        if mode.dry_run and human and not args.statistics:
+            for report in result.files:
+                outcome = report.fix
+                if outcome and outcome.changed and report.original is not None and outcome.text != report.original:
+                    render_diff(writer, report.path, report.original, outcome.text)
+            # the diff stays a clean patch on stdout; the rest goes to stderr
+            side = Writer(sys.stderr, color=use_color(sys.stderr, args.color)) if stream is sys.stdout else writer
+            if fixed_count:
+                render_fixed(side, fixed, dry_run=True, show=bool(show_fixes))
+            if diagnostics and not args.quiet:
+                side.line(f"{len(diagnostics)} finding{'s' if len(diagnostics) != 1 else ''} would remain"
+                          + (":" if fmt == "concise" else " (shown in the file as it is now):"))
+            _render_findings(side, fmt, diagnostics, policy, sources, rules, args, mode)
+            if not args.quiet:
+                render_remaining_hint(side, diagnostics, fixed_count, hidden_by_baseline,
+                                      sum(map(policy.hidden_unsafe, diagnostics)))
         else:
-            sources = {r.path: r.fix.text if r.fix else r.original for r in result.files}
-            for diagnostic in diagnostics:
-                reporter.diagnostic(diagnostic, sources.get(diagnostic.path))
-        if not args.quiet:
-            fixed = sum(len(r.fix.fixed) for r in result.files if r.fix and r.written)
-            reporter.summary(diagnostics, fixing=fixing, unsafe_enabled=unsafe, fixed=fixed)
+            if mode.write and human and fixed_count and not args.quiet:
+                render_fixed(writer, fixed, dry_run=False, show=bool(show_fixes))
+            if not mode.fix_only:
+                _render_findings(writer, fmt, diagnostics, policy, sources, rules, args, mode)
+                if human and not args.quiet and not args.statistics:
+                    render_summary(writer, diagnostics, policy.can_fix, fixed=fixed_count, fixing=mode.fix,
+                                   baseline_hidden=hidden_by_baseline,
+                                   unsafe_hidden=sum(map(policy.hidden_unsafe, diagnostics)))
+    stream.flush()
     if result.errors:
         return EXIT_ERROR
     if args.exit_zero:
         return EXIT_CLEAN
-    if fixing and not args.apply and would_change:
+    if args.exit_non_zero_on_fix and fixed_count and (mode.write or mode.dry_run):
+        return EXIT_FINDINGS
+    if mode.fix_only:
+        return EXIT_CLEAN
+    if mode.dry_run and would_change:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if diagnostics else EXIT_CLEAN
 
 
-def _report_fixes(args: argparse.Namespace, result: RunResult, console: Console) -> bool:
-    """Print the diff (dry run) or what was written; True when some file would change."""
-    would_change = False
-    machine = args.output_format in ("json", "github")
+def _render_findings(writer: Writer, fmt: str, diagnostics: list[Diagnostic], policy: _Policy,
+                     sources: dict[str, str], rules: Sequence, args: argparse.Namespace, mode: _Mode) -> None:
+    if args.statistics:
+        render_statistics(writer, diagnostics, policy.can_fix, as_json=fmt in ("json", "json-lines"))
+        return
+    if fmt == "json":
+        writer.raw(render_json(diagnostics, sources))
+    elif fmt == "json-lines":
+        writer.raw(render_json_lines(diagnostics, sources))
+    elif fmt == "github":
+        writer.raw(render_github(diagnostics))
+    elif fmt == "sarif":
+        writer.raw(render_sarif(diagnostics, sources, [r.code for r in rules] + _meta_codes(policy)))
+    elif fmt == "concise":
+        render_concise(writer, diagnostics, policy.can_fix)
+    else:
+        render_full(writer, diagnostics, policy.can_fix, sources, preview_fixes=not mode.write)
+
+
+def _meta_codes(policy: _Policy) -> list[str]:
+    return [UNUSED_CODE] if UNUSED_CODE in policy.default.enabled else []
+
+
+def _map_to_original(original: str, fixed: str, diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """Positions in the would-be-fixed text -> positions in the file as it is (a dry run writes nothing)."""
+    if not diagnostics:
+        return diagnostics
+    before, after = original.splitlines(), fixed.splitlines()
+    line_map: dict[int, tuple[int, bool]] = {}  # fixed line -> (original line, same text)
+    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+        for offset in range(b2 - b1):
+            if tag == "equal":
+                line_map[b1 + offset + 1] = (a1 + offset + 1, True)
+            else:
+                line_map[b1 + offset + 1] = (min(a1 + offset, max(a2 - 1, a1)) + 1, False)
+
+    def position(p: Position) -> Position:
+        line, same = line_map.get(p.line, (min(p.line, len(before) or 1), False))
+        if same:
+            return Position(line, p.col)
+        width = len(before[line - 1]) + 1 if 0 < line <= len(before) else 1
+        return Position(line, min(p.col, width))
+
+    mapped = []
+    for d in diagnostics:
+        fix = d.fix
+        if fix is not None:
+            edits = tuple(Edit(position(e.start), position(e.end), e.content) for e in fix.edits)
+            if all(line_map.get(e.start.line, (0, False))[1] and line_map.get(e.end.line, (0, False))[1]
+                   for e in fix.edits):
+                fix = dataclasses.replace(fix, edits=edits)
+            else:
+                fix = dataclasses.replace(fix, edits=())
+        start, end = position(d.start), position(d.end)
+        mapped.append(dataclasses.replace(d, start=start, end=max(end, start), fix=fix))
+    return mapped
+
+
+def _add_noqa(result: RunResult, policy: _Policy, reason: str, args: argparse.Namespace) -> int:
+    total = 0
     for report in result.files:
-        outcome = report.fix
-        if outcome is None or not outcome.changed or report.original is None:
+        kept = [d for d in report.diagnostics if policy.keep(d)]
+        if not kept or report.original is None:
             continue
-        would_change = True
-        if args.apply:
-            if report.written and not machine and not args.quiet:
-                console.print(f"Fixed {len(outcome.fixed)} in {report.path}", highlight=False, markup=False)
-        elif not machine:
-            sys.stdout.write(unified_diff(report.path, report.original, outcome.text))
-    sys.stdout.flush()
-    return would_change
+        try:
+            source = read_source(Path(report.path))
+        except SourceError as error:
+            print(f"gpulint: {report.path}: {error}", file=sys.stderr)
+            continue
+        if source.text != report.original:
+            print(f"gpulint: {report.path}: changed while gpulint was reading it; left untouched", file=sys.stderr)
+            continue
+        text, changed = add_noqa(source.text, kept, reason or None)
+        if not changed:
+            continue
+        try:
+            write_source_atomically(source, text)
+        except SourceError as error:
+            print(f"gpulint: {report.path}: {error}", file=sys.stderr)
+            continue
+        total += changed
+    if not args.silent:
+        print(f"Added {total} noqa directive{'s' if total != 1 else ''}.", file=sys.stderr)
+    return EXIT_ERROR if result.errors else EXIT_CLEAN
 
 
-def _rules(args: argparse.Namespace, console: Console) -> int:
-    rules = all_rules()
-    if args.output_format == "json":
-        print(json.dumps([_rule_json(r) for r in rules], indent=2))
+def _lint_stdin(args: argparse.Namespace, resolver: Resolver, mode: _Mode, fmt: str) -> int:
+    text = sys.stdin.read()
+    name = args.stdin_filename or "-"
+    path = Path(name) if args.stdin_filename else Path.cwd() / "-"
+    settings = resolver.settings_for(path.parent if not args.stdin_filename else path)
+    if args.stdin_filename and settings.force_exclude and settings.is_excluded(path):
+        if mode.fix and mode.write:
+            sys.stdout.write(text)
         return EXIT_CLEAN
-    table = Table(title="gpulint rules")
-    for column in ("code", "name", "family", "severity", "fix", "default"):
-        table.add_column(column)
-    for r in rules:
-        table.add_row(r.code, r.name, r.family(), r.severity.value, r.safety.value, "on" if r.default_enabled else "off")
-    console.print(table)
+    rules = settings.rules_for(path)
+    policy = _Policy({name: settings}, settings)
+    try:
+        if mode.fix:
+            outcome = fix_text(text, name, rules, min_safety=Safety.UNSAFE, rule_options=settings.options,
+                               can_fix=policy.can_fix)
+            diagnostics = [d for d in outcome.remaining if policy.keep(d)]
+            changed = outcome.changed and outcome.text != text
+            if mode.write:
+                sys.stdout.write(outcome.text)  # the fixed source, like `ruff check --fix -`
+                stream = sys.stderr
+            else:
+                if changed:
+                    sys.stdout.write(_diff_text(name, text, outcome.text))
+                diagnostics = _map_to_original(text, outcome.text, diagnostics) if changed else diagnostics
+                stream = sys.stderr
+            if not args.silent and not mode.fix_only:
+                writer = Writer(stream, color=use_color(stream, args.color) and fmt in ("full", "concise"))
+                _render_findings(writer, fmt, diagnostics, policy, {name: outcome.text if mode.write else text},
+                                 rules, args, mode)
+            if args.exit_zero:
+                return EXIT_CLEAN
+            if args.exit_non_zero_on_fix and outcome.fixed:
+                return EXIT_FINDINGS
+            if mode.fix_only:
+                return EXIT_CLEAN
+            return EXIT_FINDINGS if diagnostics or (changed and not mode.write) else EXIT_CLEAN
+        diagnostics = [d for d in lint_text(text, name, rules, rule_options=settings.options).diagnostics
+                       if policy.keep(d)]
+    except RuleCrash as crash:
+        print(f"gpulint: error: {crash}", file=sys.stderr)
+        return EXIT_ERROR
+    if not args.silent:
+        writer = Writer(sys.stdout, color=use_color(sys.stdout, args.color) and fmt in ("full", "concise"))
+        _render_findings(writer, fmt, diagnostics, policy, {name: text}, rules, args, mode)
+        if fmt not in MACHINE_FORMATS and not args.quiet and not args.statistics:
+            render_summary(writer, diagnostics, policy.can_fix,
+                           unsafe_hidden=sum(map(policy.hidden_unsafe, diagnostics)))
+    if args.exit_zero:
+        return EXIT_CLEAN
+    return EXIT_FINDINGS if diagnostics else EXIT_CLEAN
+
+
+def _diff_text(name: str, before: str, after: str) -> str:
+    from gpulint.reporters import unified_diff
+
+    return unified_diff(name, before, after)
+
+
+class _progress:
+    """A transient rich progress bar on stderr for long runs on a terminal; a no-op otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled and total >= PROGRESS_MIN_FILES and sys.stderr.isatty() \
+            and os.environ.get("TERM") != "dumb"
+        self._progress = None
+        self._task = None
+
+    def __enter__(self) -> Callable[[str], None] | None:
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(file=sys.stderr, markup=False, highlight=False)
+        self._progress = Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[path]}"), console=console, transient=True)
+        self._progress.start()
+        self._task = self._progress.add_task("gpulint", total=self.total, path="")
+        return self._advance
+
+    def _advance(self, path: str) -> None:
+        assert self._progress is not None and self._task is not None
+        self._progress.update(self._task, advance=1, path=path)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# -- rule docs ------------------------------------------------------------------------------------------------
+
+def _rules(args: argparse.Namespace) -> int:
+    infos = all_infos()
+    if args.output_format == "json":
+        print(json.dumps([rule_json(i) for i in infos], indent=2))
+        return EXIT_CLEAN
+    width = max(len(i.name) for i in infos)
+    for info in infos:
+        mark = "[*]" if info.safety is Safety.SAFE else "[!]" if info.safety is Safety.UNSAFE else "   "
+        state = "always" if info.meta and not info.selectable else "on" if info.default_enabled else "off"
+        print(f"{info.code}  {mark}  {info.name:<{width}}  {info.severity.value:<7}  {state:<6}  {info.summary}")
     return EXIT_CLEAN
 
 
-def _rule_json(r) -> dict:
-    return {"code": r.code, "name": r.name, "family": r.family(), "priority": r.priority,
-            "severity": r.severity.value, "fix": r.safety.value, "fix_title": r.fix_title,
-            "default_enabled": r.default_enabled, "message": r.message, "explanation": r.docs()}
+def _rule(args: argparse.Namespace) -> int:
+    if args.all:
+        infos = all_infos()
+    elif args.code:
+        info = find_info(args.code)
+        if info is None:
+            from gpulint.config import did_you_mean
 
-
-def _rule(args: argparse.Namespace, console: Console) -> int:
-    r = rule_by_code(args.code)
+            known = [i.code for i in all_infos()] + [i.name for i in all_infos()]
+            raise UsageError(f"unknown rule {args.code!r}" + did_you_mean(args.code, known))
+        infos = [info]
+    else:
+        raise UsageError("give a rule code (e.g. `gpulint rule GPU011`) or --all")
     if args.output_format == "json":
-        print(json.dumps(_rule_json(r), indent=2))
+        payload = [rule_json(i) for i in infos]
+        print(json.dumps(payload if args.all else payload[0], indent=2))
         return EXIT_CLEAN
-    print(f"# {r.code} {r.name}\n")
-    print(f"Severity: {r.severity.value}. Fix: {r.safety.value}. "
-          f"{'On' if r.default_enabled else 'Off'} by default. Priority {r.priority}.\n")
-    print(r.docs())
+    sys.stdout.write("\n".join(rule_markdown(i) for i in infos))
     return EXIT_CLEAN
 
 
