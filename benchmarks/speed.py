@@ -1,0 +1,84 @@
+"""Wall time of gpulint (cold and warm cache) against TorchFix, Fixit and ruff on the same code, same run.
+
+    python benchmarks/speed.py CORPUS_DIR [--peers-bin DIR] [--repeat 3]
+
+CORPUS_DIR is any tree of real Python code (e.g. the unpacked wheels of timm, lightning and torchvision and a
+checkout of pytorch/examples). `--peers-bin` is the bin/ folder of a virtualenv with `torchfix`, `fixit` and
+`ruff` installed (`python -m venv peers && peers/bin/pip install torchfix fixit ruff`); tools that are not
+found are skipped. Each tool runs `--repeat` times; the table gives the median and the ratio to TorchFix.
+Machines are shared and noisy, so only ratios from one run are meaningful.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    completed = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if completed.returncode not in (0, 1):
+        raise RuntimeError(f"{command[0]} failed ({completed.returncode}): {completed.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", type=Path)
+    parser.add_argument("--peers-bin", type=Path, help="bin/ of a venv with torchfix, fixit and ruff")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    corpus = args.corpus.resolve()
+    files = sum(1 for _ in corpus.rglob("*.py"))
+    env = {**os.environ, "NO_COLOR": "1"}
+
+    def peer(name: str) -> str | None:
+        candidate = args.peers_bin / name if args.peers_bin else None
+        return str(candidate) if candidate and candidate.exists() else shutil.which(name)
+
+    cache = Path(tempfile.mkdtemp(prefix="gpulint-bench-cache-"))
+    gpulint = [sys.executable, "-m", "gpulint", "check", str(corpus), "--exit-zero", "--quiet",
+               "--output-format", "concise"]
+    tools: list[tuple[str, list[str]]] = [
+        ("gpulint cold", [*gpulint, "--no-cache"]),
+        ("gpulint warm", [*gpulint, "--cache-dir", str(cache)]),
+    ]
+    for name, command in (("torchfix", ["torchfix", str(corpus)]),
+                          ("fixit", ["fixit", "lint", str(corpus)]),
+                          ("ruff --select ALL", ["ruff", "check", "--select", "ALL", "--no-cache", "--exit-zero",
+                                                 "--quiet", str(corpus)])):
+        binary = peer(command[0])
+        if binary:
+            tools.append((name, [binary, *command[1:]]))
+        else:
+            print(f"skipping {name}: not installed", file=sys.stderr)
+    timed(tools[1][1], corpus, env)  # fill the warm cache once
+    medians: dict[str, float] = {}
+    for name, command in tools:
+        runs = [timed(command, corpus, env) for _ in range(args.repeat)]
+        medians[name] = statistics.median(runs)
+        print(f"{name}: {', '.join(f'{r:.2f}' for r in runs)} s", file=sys.stderr)
+    shutil.rmtree(cache, ignore_errors=True)
+    base = medians.get("torchfix")
+    ruff = medians.get("ruff --select ALL")
+    print(f"{files} files, {os.cpu_count()} cores, median of {args.repeat} runs\n")
+    print("| tool | median wall time (s) | vs TorchFix | vs ruff |")
+    print("| --- | --- | --- | --- |")
+    for name, value in medians.items():
+        versus_torchfix = f"{value / base:.3f}x" if base else "-"
+        versus_ruff = f"{value / ruff:.2f}x" if ruff else "-"
+        print(f"| {name} | {value:.2f} | {versus_torchfix} | {versus_ruff} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
