@@ -543,12 +543,8 @@ class _Site:
         value = self._rewrite_value(self.assign.value)
         out_rank = _rank(self, self.allocation)
         condition = self._align_to(out.value, out_rank)
+        # `out[m] = v` requires v to have out's dtype (index_put does not cast), so `torch.where` keeps it
         value_code = cst.Module(body=[]).code_for_node(value)
-        dtype = call_arg(self.allocation, "dtype") if isinstance(self.allocation, cst.Call) else None
-        if dtype is not None:
-            value_code = f"({value_code}).to({cst.Module(body=[]).code_for_node(dtype.value)})" \
-                if not isinstance(value, (cst.Name, cst.Call, cst.Attribute, cst.Subscript)) else \
-                f"{value_code}.to({cst.Module(body=[]).code_for_node(dtype.value)})"
         new_assign = cst.parse_statement(f"{out.value} = {where}({condition}, {value_code}, {out.value})\n")
         assert isinstance(new_assign, cst.SimpleStatementLine)
         new_statement = self.statement.with_changes(body=[new_assign.body[0]])
