@@ -354,3 +354,9 @@ def add_noqa(text: str, diagnostics: Sequence[Diagnostic], reason: str | None = 
         lines[row - 1] = body + ending
         changed += 1
     return "".join(lines), changed
+
+
+def noqa_rows(text: str):
+    """A function line -> the line where a `# noqa` for a finding starting on that line goes (JSON noqa_row)."""
+    layout = _layout(text)
+    return layout.row_for
