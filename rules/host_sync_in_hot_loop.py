@@ -1,0 +1,749 @@
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import libcst as cst
+
+from gpulint import Device, Invalid, Rule, Severity, Valid
+from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, string_value, walk
+from gpulint.rule import RuleContext
+
+# ---------------------------------------------------------------------------------------------
+# Placement of a value: where does it live? (shared by GPU005, GPU012, GPU013; candidate for the engine)
+
+NONTENSOR = "nontensor"  # Python numbers, strings, NumPy arrays, containers: never a GPU sync
+HOST = "host"  # a torch tensor on the CPU
+DEVICE = "device"  # a torch tensor with evidence of living on the accelerator
+TENSOR = "tensor"  # a torch tensor whose placement is not known
+
+_NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names",
+                     "training", "is_sparse", "itemsize", "nbytes"}
+_SAME_PLACE_ATTRS = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
+_NON_TENSOR_METHODS = {"size", "dim", "numel", "element_size", "stride", "data_ptr", "get_device", "nelement",
+                       "is_contiguous", "is_floating_point", "item", "tolist", "numpy", "keys", "values", "items",
+                       "format", "join", "split", "strip", "astype", "storage_offset", "dim_order"}
+_HOST_METHODS = {"cpu", "pin_memory"}
+# Methods of tensors whose result lives where the receiver (and tensor arguments) live.
+_TENSOR_METHODS = {
+    "detach", "clone", "contiguous", "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "byte",
+    "char", "type_as", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "permute", "transpose", "t", "expand", "expand_as", "repeat", "narrow", "select", "index_select", "gather",
+    "scatter", "scatter_add", "masked_fill", "masked_select", "chunk", "split", "unbind", "sum", "mean", "std",
+    "var", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "norm", "abs", "exp", "log", "log1p", "sqrt",
+    "rsqrt", "pow", "neg", "sign", "round", "floor", "ceil", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid",
+    "tanh", "relu", "softmax", "log_softmax", "logsumexp", "mul", "add", "sub", "div", "matmul", "mm", "bmm",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "any", "all", "isnan",
+    "isinf", "isfinite", "topk", "sort", "cumsum", "cumprod", "diff", "square", "mean", "nansum", "nanmean",
+    "count_nonzero", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "requires_grad_", "detach_",
+    "add_", "mul_", "sub_", "div_", "copy_", "zero_", "fill_", "clamp_", "data_ptr_", "float_power", "median",
+    "mode", "kthvalue", "quantile", "dot", "outer", "diag", "diagonal", "trace", "tril", "triu", "flip", "roll",
+    "to_dense", "sum_to_size", "lerp", "exp_", "abs_", "masked_fill_",
+}
+# Of those, the ones NumPy arrays share: not evidence that an unknown receiver is a tensor.
+_NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "argmin", "clip", "reshape",
+                 "flatten", "squeeze", "transpose", "repeat", "round", "any", "all", "cumsum", "cumprod", "diagonal",
+                 "trace", "dot", "sort", "view", "copy", "fill", "nonzero", "astype", "T", "mean"}
+_TORCH_NON_TENSOR_FUNCS = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled",
+                           "get_default_dtype", "device", "Size", "finfo", "iinfo", "manual_seed", "save", "load",
+                           "compile", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
+                           "typename", "is_nonzero", "equal", "allclose", "is_storage", "get_rng_state",
+                           "set_printoptions", "seed", "initial_seed", "use_deterministic_algorithms", "dtype",
+                           "Generator", "set_default_dtype", "set_default_device", "get_num_threads",
+                           "set_num_threads"}
+_HOST_CONSTRUCTORS = {"Tensor", "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor",
+                      "IntTensor", "ShortTensor", "ByteTensor", "CharTensor", "BoolTensor", "from_numpy",
+                      "frombuffer"}
+_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "rand", "randn",
+              "randint", "randperm", "normal", "empty_strided", "tril_indices", "triu_indices", "range"}
+_LIKE_FACTORIES = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like",
+                   "randint_like"}
+_BUILTIN_NON_TENSOR = {"len", "range", "int", "float", "bool", "str", "list", "tuple", "dict", "set", "sorted",
+                       "enumerate", "zip", "round", "repr", "isinstance", "hasattr", "getattr", "type", "id",
+                       "format", "abs", "divmod", "hash", "ord", "chr"}
+_CONTAINER_CALLS = {"list", "dict", "tuple", "set", "defaultdict", "OrderedDict", "deque", "collections.defaultdict",
+                    "collections.OrderedDict", "collections.deque"}
+_DEVICE_NAME = re.compile(r"device|^dev$|_dev$|cuda|gpu|rank", re.I)
+_MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
+                         r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
+_CPU_NAME = re.compile(r"cpu|host", re.I)
+
+
+def combine_operands(kinds: Iterable[str | None]) -> str | None:
+    """Placement of an op's result from its operands' placements (CPU tensors only mix with 0-d values)."""
+    kinds = list(kinds)
+    if DEVICE in kinds:
+        return DEVICE
+    if HOST in kinds:
+        return HOST
+    if TENSOR in kinds:
+        return TENSOR
+    if kinds and all(k == NONTENSOR for k in kinds):
+        return NONTENSOR
+    return None
+
+
+def combine_alternatives(kinds: Iterable[str | None]) -> str | None:
+    """Placement of a name with several reaching definitions: only what all of them agree on."""
+    found = set(kinds)
+    if len(found) == 1:
+        return found.pop()
+    if found and found <= {DEVICE, TENSOR}:
+        return TENSOR
+    if found and found <= {HOST, NONTENSOR}:
+        return HOST
+    return None
+
+
+class Placement:
+    """Where values live, bound to one traversal position (ctx.ancestors). Flow-insensitive and syntactic;
+    answers None whenever it does not know, and NONTENSOR/HOST only with positive evidence."""
+
+    def __init__(self, ctx: RuleContext) -> None:
+        self.ctx = ctx
+        self.a = ctx.analysis
+        self.ev = ctx.evidence
+        self.default_device = _program_sets_default_device(ctx)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def of(self, node: cst.BaseExpression | None, depth: int = 0, before: int | None = None) -> str | None:
+        if node is None or depth > 8:
+            return None
+        if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.FormattedString,
+                             cst.ConcatenatedString, cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp,
+                             cst.DictComp, cst.SetComp, cst.GeneratorExp, cst.Lambda)):
+            return NONTENSOR
+        if isinstance(node, cst.Name):
+            if node.value in ("True", "False", "None"):
+                return NONTENSOR
+            return self._name(node, depth, before)
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, depth, before)
+        if isinstance(node, cst.Subscript):
+            if self._is_container(node.value):
+                return None
+            return self.of(node.value, depth + 1, before)
+        if isinstance(node, cst.Call):
+            return self._call(node, depth, before)
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, cst.Modulo) and isinstance(node.left, (cst.SimpleString,
+                                                                                 cst.ConcatenatedString)):
+                return NONTENSOR
+            return combine_operands([self.of(node.left, depth + 1, before), self.of(node.right, depth + 1, before)])
+        if isinstance(node, cst.UnaryOperation):
+            if isinstance(node.operator, cst.Not):
+                return NONTENSOR
+            return self.of(node.expression, depth + 1, before)
+        if isinstance(node, cst.Comparison):
+            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
+                return NONTENSOR
+            return combine_operands([self.of(node.left, depth + 1, before)]
+                                    + [self.of(c.comparator, depth + 1, before) for c in node.comparisons])
+        if isinstance(node, cst.IfExp):
+            return combine_alternatives([self.of(node.body, depth + 1, before), self.of(node.orelse, depth + 1, before)])
+        return None
+
+    def is_tensor(self, node: cst.BaseExpression | None) -> bool:
+        return self.of(node) in (DEVICE, TENSOR, HOST)
+
+    def may_be_on_device(self, node: cst.BaseExpression | None) -> bool:
+        """A torch tensor, not known to be on the CPU."""
+        return self.of(node) in (DEVICE, TENSOR)
+
+    def target_of_to(self, call: cst.Call) -> str | None:
+        """For `.to(...)`: DEVICE / HOST for the target device, TENSOR for a dtype-only or unknown target."""
+        target = call_arg(call, "device")
+        if target is None:
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            if positional:
+                target = positional[0]
+        if target is None:
+            return TENSOR  # .to(dtype=...), .to(memory_format=...)
+        return self.device_kind(target.value)
+
+    def device_kind(self, node: cst.BaseExpression) -> str | None:
+        """DEVICE, HOST, TENSOR (a dtype: no move) or None (another tensor / unknown) for a device-like argument."""
+        qual = self.ctx.qualname(node) or ""
+        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] not in ("device",) and not qual.startswith(
+                "torch.cuda"):
+            return TENSOR  # torch.float16 & co.: a cast
+        if isinstance(node, cst.Attribute) and node.attr.value == "dtype":
+            return TENSOR
+        if isinstance(node, cst.Name):
+            # every assignment in scope, not only the textually last one: `if ...: d = accel else: d = cpu`
+            # a parameter defaulting to the CPU (`device=torch.device("cpu")`) counts as the CPU
+            found = {self.ev.device_of(b.value) if b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) else None
+                     for b in self.a.bindings_of(node.value, self.ctx.ancestors)}
+            if found == {Device.CPU}:
+                return HOST
+            if found & {Device.CUDA, Device.MAYBE_CUDA}:
+                return DEVICE
+            if Device.CPU in found:
+                return None
+        device = self.ev.device_of(node)
+        if device is Device.CPU:
+            return HOST
+        if device in (Device.CUDA, Device.MAYBE_CUDA):
+            return DEVICE
+        text = _last_name(node)
+        if text and _CPU_NAME.search(text):
+            return HOST
+        if text and _DEVICE_NAME.search(text):
+            return DEVICE
+        if isinstance(node, cst.Call) and self.ctx.qualname(node.func) == "torch.device":
+            return DEVICE if node.args and self.ev.device_of(node.args[0].value) is not Device.CPU else None
+        return None
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _name(self, node: cst.Name, depth: int, before: int | None) -> str | None:
+        bindings = self.reaching(node.value, before)
+        if not bindings:
+            return None
+        kinds = []
+        for binding in bindings:
+            if binding.kind is BindingKind.ASSIGN:
+                kinds.append(self.of(binding.value, depth + 1, binding.order))
+            elif binding.kind is BindingKind.UNPACK:
+                value = binding.value
+                if isinstance(value, (cst.Tuple, cst.List)) and binding.path and binding.path[0] < len(
+                        value.elements) and not any(isinstance(e, cst.StarredElement) for e in value.elements):
+                    kinds.append(self.of(value.elements[binding.path[0]].value, depth + 1, binding.order))
+                elif isinstance(value, cst.Call):
+                    kind = self.of(value, depth + 1, binding.order)
+                    kinds.append(kind if kind in (DEVICE, TENSOR, HOST) else None)
+                else:
+                    kinds.append(None)
+            elif binding.kind is BindingKind.FOR:
+                kinds.append(self._for_target(binding))
+            else:
+                kinds.append(None)
+        kind = combine_alternatives(kinds)
+        if kind is None and self._backward_called_on(node.value):
+            return TENSOR
+        return kind
+
+    def reaching(self, name: str, before: int | None = None) -> list:
+        """Bindings of `name` that reach a point: the last one textually before it, or all when none precede
+        it (loop-carried). `before` is the order of the statement being resolved (None: the current node)."""
+        bindings = self.a.bindings_of(name, self.ctx.ancestors)
+        here = self.a.statement_order(self.ctx.ancestors) if before is None else before
+        prior = [b for b in bindings if b.order < here]
+        return [prior[-1]] if prior else bindings
+
+    def _for_target(self, binding) -> str | None:  # noqa: ANN001 - analysis.Binding
+        iterable = binding.value
+        if isinstance(iterable, cst.Call):
+            func = dotted_name(iterable.func) or ""
+            if func in ("range",):
+                return NONTENSOR
+            if func.endswith("enumerate") and binding.path[:1] == (0,):
+                return NONTENSOR
+        if self.ev._for_target_is_batch(binding):  # noqa: SLF001 - shared analysis helper
+            return HOST
+        return None
+
+    def _attribute(self, node: cst.Attribute, depth: int, before: int | None) -> str | None:
+        attr = node.attr.value
+        if attr in _NON_TENSOR_ATTRS:
+            return NONTENSOR
+        if attr in _SAME_PLACE_ATTRS:
+            return self.of(node.value, depth + 1, before)
+        if isinstance(node.value, cst.Name) and node.value.value == "self":
+            info = self.a.enclosing_class(self.ctx.ancestors)
+            bindings = info.attrs.get(attr, []) if info else []
+            kinds = [self.of(b.value, depth + 1, b.order) if b.kind is BindingKind.ASSIGN else None for b in bindings]
+            if not kinds or None in kinds:
+                return None
+            kind = combine_alternatives(kinds)
+            # plain tensor attributes do not move with `module.to(...)`; parameters and buffers do
+            return kind
+        return None
+
+    def _call(self, node: cst.Call, depth: int, before: int | None) -> str | None:
+        qual = self.ctx.qualname(node.func) or ""
+        name = method_name(node)
+        if isinstance(node.func, cst.Name) and not qual:
+            if node.func.value in _BUILTIN_NON_TENSOR and not self.a.bindings_of(node.func.value, self.ctx.ancestors):
+                return NONTENSOR
+        if qual.startswith(("numpy.", "np.", "math.", "random.")) or qual in ("numpy", "math"):
+            return NONTENSOR
+        if qual.startswith("torch."):
+            return self._torch_call(node, qual, depth, before)
+        if name is not None and isinstance(node.func, cst.Attribute):
+            return self._method(node, name, depth, before)
+        # a call of a module instance: `model(x)`, `self.encoder(x)`, `criterion(out, y)`
+        if self.ev.is_module(node.func):
+            return self._module_call(node, depth, before)
+        # an unknown callable named like a model, called with a device tensor: `model(x_cuda)` (low confidence)
+        if _MODEL_NAME.search(_last_name(node.func) or ""):
+            kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            if DEVICE in kinds:
+                return DEVICE
+        return None
+
+    def _torch_call(self, node: cst.Call, qual: str, depth: int, before: int | None) -> str | None:
+        last = qual.rsplit(".", 1)[-1]
+        parts = qual.split(".")
+        if qual == "torch.nn.Parameter" or qual == "torch.nn.parameter.Parameter":
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            return DEVICE if inner == DEVICE else TENSOR  # parameters move with their module
+        if last in _TORCH_NON_TENSOR_FUNCS or parts[1] in ("cuda", "backends", "distributed", "utils", "nn") \
+                and not qual.startswith("torch.nn.functional."):
+            return None
+        device_arg = call_arg(node, "device")
+        if last in _HOST_CONSTRUCTORS:
+            return HOST
+        if last in ("tensor", "as_tensor", "asarray"):
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            if inner in (DEVICE, TENSOR):
+                return inner
+            return HOST if inner in (HOST, NONTENSOR) or last == "tensor" else None
+        if last in _FACTORIES and len(parts) == 2:
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            return TENSOR if self.default_device else HOST
+        if last in _LIKE_FACTORIES:
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            return inner if inner in (DEVICE, HOST) else TENSOR
+        if len(parts) == 2 and last[:1].islower() or qual.startswith(
+                ("torch.nn.functional.", "torch.linalg.", "torch.special.", "torch.fft.")):
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            kinds += [self.of(el.value, depth + 1, before) for arg in node.args if isinstance(arg.value, (cst.List, cst.Tuple))
+                      for el in arg.value.elements if not isinstance(el, cst.StarredElement)]
+            kind = combine_operands(k for k in kinds if k != NONTENSOR)
+            return kind if kind in (DEVICE, HOST) else TENSOR
+        return None
+
+    def _method(self, node: cst.Call, name: str, depth: int, before: int | None) -> str | None:
+        assert isinstance(node.func, cst.Attribute)
+        receiver = node.func.value
+        if name in _NON_TENSOR_METHODS:
+            if name == "numpy" or name in ("item", "tolist"):
+                return NONTENSOR
+            return NONTENSOR if self.of(receiver, depth + 1, before) in (DEVICE, TENSOR, HOST) else None
+        if name in _HOST_METHODS:
+            return HOST if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
+        if name == "cuda":
+            return DEVICE if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
+        if name == "to":
+            inner = self.of(receiver, depth + 1, before)
+            if inner not in (HOST, DEVICE, TENSOR):
+                return None  # modules and unknown objects have `.to` too
+            target = self.target_of_to(node)
+            if target == TENSOR:  # a cast
+                return inner if inner in (DEVICE, HOST, TENSOR) else TENSOR
+            if target in (DEVICE, HOST):
+                return target
+            return TENSOR if inner in (DEVICE, HOST, TENSOR) else None
+        if name in _TENSOR_METHODS:
+            inner = self.of(receiver, depth + 1, before)
+            if inner == NONTENSOR:
+                return NONTENSOR if name in _NUMPY_SHARED else None
+            kinds = [inner] + [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            kind = combine_operands(k for k in kinds if k != NONTENSOR)
+            if kind is None and (inner is None and name in _NUMPY_SHARED):
+                return None
+            return kind or TENSOR
+        return None
+
+    def _module_call(self, node: cst.Call, depth: int, before: int | None) -> str | None:
+        kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+        kind = combine_operands(k for k in kinds if k != NONTENSOR)
+        if kind in (DEVICE, HOST):
+            return kind
+        moved = self.module_moves(node.func)
+        if moved == {HOST}:
+            return HOST
+        if DEVICE in moved:
+            return DEVICE
+        return TENSOR
+
+    def module_moves(self, module: cst.BaseExpression) -> set[str]:
+        """Targets of the moves of a module (`m.to(D)`, `m.cuda()`, `m.cpu()`, `m = X().to(D)`) in the file."""
+        target = dotted_name(module)
+        if target is None:
+            return set()
+        found: set[str] = set()
+        for call in _calls_of(self.a.module):
+            name = method_name(call)
+            if name not in ("to", "cuda", "cpu") or not isinstance(call.func, cst.Attribute):
+                continue
+            if _root_of_chain(call.func.value) != target:
+                continue
+            if name == "cuda":
+                found.add(DEVICE)
+            elif name == "cpu":
+                found.add(HOST)
+            else:
+                kind = self.target_of_to(call)
+                if kind in (DEVICE, HOST):
+                    found.add(kind)
+        # `model = Net().to(device)` style bindings
+        if isinstance(module, cst.Name):
+            for binding in self.a.bindings_of(module.value, self.ctx.ancestors):
+                if binding.kind is BindingKind.ASSIGN and isinstance(binding.value, cst.Call):
+                    call = binding.value
+                    while isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+                        if method_name(call) == "cuda":
+                            found.add(DEVICE)
+                        elif method_name(call) == "cpu":
+                            found.add(HOST)
+                        elif method_name(call) == "to":
+                            kind = self.target_of_to(call)
+                            if kind in (DEVICE, HOST):
+                                found.add(kind)
+                        call = call.func.value
+        return found
+
+    def _is_container(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, (cst.List, cst.Dict, cst.Tuple, cst.ListComp, cst.DictComp)):
+            return True
+        if isinstance(node, cst.Name):
+            for binding in self.a.bindings_of(node.value, self.ctx.ancestors):
+                value = binding.value
+                if binding.kind is BindingKind.ASSIGN and (
+                        isinstance(value, (cst.List, cst.Dict, cst.Tuple, cst.ListComp, cst.DictComp))
+                        or isinstance(value, cst.Call) and (dotted_name(value.func) or "") in _CONTAINER_CALLS):
+                    return True
+        return False
+
+    def _backward_called_on(self, name: str) -> bool:
+        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.a.module)
+        for call in _calls_of(function):
+            if method_name(call) == "backward" and isinstance(call.func, cst.Attribute) \
+                    and isinstance(call.func.value, cst.Name) and call.func.value.value == name:
+                return True
+        return False
+
+
+_DEFAULT_DEVICE_CACHE: dict[int, tuple[object, bool]] = {}
+
+
+def _program_sets_default_device(ctx: RuleContext) -> bool:
+    """`torch.set_default_device(...)` anywhere in the program makes bare factories device tensors."""
+    cached = _DEFAULT_DEVICE_CACHE.get(id(ctx.program))
+    if cached is not None and cached[0] is ctx.program:
+        return cached[1]
+    found = bool(ctx.program.search(r"set_default_device\("))
+    if len(_DEFAULT_DEVICE_CACHE) > 16:
+        _DEFAULT_DEVICE_CACHE.clear()
+    _DEFAULT_DEVICE_CACHE[id(ctx.program)] = (ctx.program, found)
+    return found
+
+
+_CALL_CACHE: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
+
+
+def _calls_of(root: cst.CSTNode) -> list[cst.Call]:
+    cached = _CALL_CACHE.get(id(root))
+    if cached is not None and cached[0] is root:
+        return cached[1]
+    calls = [n for n in walk(root, into_functions=True) if isinstance(n, cst.Call)]
+    if len(_CALL_CACHE) > 64:
+        _CALL_CACHE.clear()
+    _CALL_CACHE[id(root)] = (root, calls)
+    return calls
+
+
+def _root_of_chain(node: cst.BaseExpression) -> str | None:
+    """`model` for `model`, `model.to(x)`, `model.cuda().float()`; dotted names kept (`self.net`)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        node = node.func.value
+    return dotted_name(node)
+
+
+def _last_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript):
+        return _last_name(node.value)
+    return None
+
+
+def amortised(ctx: RuleContext) -> bool:
+    """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
+    region (or the function) that contains it? Such code runs once every N steps."""
+    ancestors = ctx.ancestors
+    hot = ctx.analysis.hot
+    for index in range(len(ancestors) - 2, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
+            return False
+        if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
+            if any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
+                   and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+                   for n in walk(node.test)):
+                return True
+    return False
+
+
+def has_cuda_evidence(ctx: RuleContext) -> bool:
+    return ctx.program.cuda_evidence or ctx.program.maybe_cuda_evidence
+
+
+# ---------------------------------------------------------------------------------------------
+
+_LOG_RECEIVERS = re.compile(r"^(logging|logger|log|_logger|LOGGER|_LOGGER|LOG)$")
+_ENV_NAME = re.compile(r"env", re.I)
+_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log"}
+
+
+class HostSyncInHotLoop(Rule):
+    """
+    ## What it does
+    Finds operations that copy a GPU tensor's value to the host inside the training step or a model's
+    `forward`: `.item()`, `.tolist()`, `.cpu()`, `.to("cpu")`, `float(t)` / `int(t)` / `bool(t)`, and
+    printing or formatting a tensor (`print(loss)`, `f"{loss}"`, `"%f" % loss`, `logger.info(..., loss)`,
+    `writer.add_scalar(tag, loss)`). It fires only on values with tensor evidence in a program that uses
+    CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
+    results of an earlier `.item()`) are not syncs and are ignored. Inside `if step % N == 0:` blocks and in
+    evaluation loops outside the training step the finding is only informational.
+
+    ## Why is this slow
+    The host must wait for every queued kernel before it can read a GPU value, so each such call drains the
+    GPU's work queue and stops the CPU from running ahead. On an H100, a small model's step with
+    `loss.item()` every step took 1080 µs vs 962 µs when accumulating on the device (x1.12); the cost grows
+    when the CPU is the bottleneck. Under `torch.compile` each `.item()`/`.tolist()`/`print` also breaks the
+    graph.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    ```
+
+    ## Use instead
+    ```python
+    total = torch.zeros((), device=device)
+    for x, y in loader:
+        loss = criterion(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    print(total.item())  # once per epoch
+    ```
+    Read values every N steps, use `torch._assert_async` for checks and `torch.cuda.Event` for timing.
+
+    ## Fix safety
+    No automatic fix: where to accumulate and when to read back is a decision about the program's output.
+    """
+
+    code = "GPU005"
+    name = "host-sync-in-hot-loop"
+    message = "Host sync in the training step: this reads a GPU value on the host and waits for the GPU"
+    severity = Severity.WARNING
+    priority = "P1"
+    triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
+                ".format(", "log", "add_scalar", "numpy(")
+    examples = [
+        Valid(  # Python numbers and NumPy values are not syncs
+            """
+            import torch
+            device = torch.device("cuda")
+            for step, (x, y) in enumerate(loader):
+                loss = criterion(model(x.to(device)), y.to(device))
+                loss.backward()
+                optimizer.step()
+                lr = float(scheduler.get_last_lr()[0])
+                n = int(x.shape[0])
+                print(step, lr, n)
+            """
+        ),
+        Valid(  # a DataLoader batch that is still on the CPU
+            """
+            import torch
+            for x, y in loader:
+                labels = y.tolist()
+                out = model(x.cuda())
+                out.sum().backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # no CUDA anywhere in the program
+            """
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+            """,
+            count=1,
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Net(nn.Module):
+                def forward(self, x):
+                    scale = x.abs().max().item()
+                    return x / scale
+            net = Net().to("cuda")
+            """,
+        ),
+    ]
+
+    def __init__(self, ctx: RuleContext) -> None:
+        super().__init__(ctx)
+        self._enabled = has_cuda_evidence(ctx)
+
+    # -- where are we ------------------------------------------------------------------------
+
+    def _region_severity(self) -> Severity | None:
+        kind = self.ctx.hot_kind()
+        loop = self._innermost_loop()
+        if kind is not None:
+            if amortised(self.ctx) or self._in_no_grad_function():
+                return Severity.INFO
+            if loop is not None and id(loop) not in self.ctx.analysis.hot and (
+                    isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter)
+                    or self.ctx.inside_with("torch.no_grad", "torch.inference_mode")):
+                return Severity.INFO  # an evaluation loop nested in the training loop
+            return Severity.WARNING
+        if isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter) and not amortised(self.ctx):
+            return Severity.INFO  # per-batch sync in an evaluation loop
+        return None
+
+    def _innermost_loop(self) -> cst.CSTNode | None:
+        """The innermost loop around the current node, if it lies inside the current hot region/function."""
+        for node in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(node, (cst.For, cst.While)):
+                return node
+            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in self.ctx.analysis.hot:
+                return None
+        return None
+
+    def _in_no_grad_function(self) -> bool:
+        for node in reversed(self.ctx.ancestors):
+            if isinstance(node, cst.FunctionDef):
+                for decorator in node.decorators:
+                    target = decorator.decorator
+                    target = target.func if isinstance(target, cst.Call) else target
+                    if self.ctx.qualname(target) in ("torch.no_grad", "torch.inference_mode"):
+                        return True
+                return False
+        return False
+
+    def _feeds_environment(self) -> bool:
+        """Is the synced value handed to a CPU environment (`envs.step(actions)`)? That copy is inherent to
+        acting in a host-side simulator."""
+        statement = None
+        for node in reversed(self.ctx.ancestors):
+            if isinstance(node, cst.Call) and method_name(node) == "step" and _ENV_NAME.search(
+                    _last_name(node.func.value) or ""):  # type: ignore[union-attr]
+                return True
+            if isinstance(node, cst.SimpleStatementLine):
+                statement = node
+                break
+        if statement is None or not isinstance(statement.body[0], cst.Assign):
+            return False
+        names = {n.value for t in statement.body[0].targets for n in walk(t.target) if isinstance(n, cst.Name)}
+        scope = self._innermost_loop() or next(
+            (n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.ctx.module)
+        for call in _calls_of(scope):
+            if method_name(call) == "step" and _ENV_NAME.search(_last_name(call.func.value) or ""):  # type: ignore
+                if any(isinstance(n, cst.Name) and n.value in names for a in call.args for n in walk(a.value)):
+                    return True
+        return False
+
+    def _emit(self, node: cst.CSTNode, what: str, severity: Severity) -> None:
+        if severity is Severity.WARNING and self._feeds_environment():
+            self.report(node, f"{what} feeds a host-side environment: a GPU sync every environment step; for "
+                              "small policies consider acting on the CPU, or a GPU-vectorised environment",
+                        severity=Severity.INFO)
+            return
+        suffix = " (inside an amortised or evaluation block: informational)" if severity is Severity.INFO else ""
+        self.report(node, f"{what}: reads a GPU value on the host and waits for all queued GPU work; accumulate "
+                          f"on the device and read it every N steps{suffix}", severity=severity)
+
+    # -- visitors ----------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self._enabled:
+            return
+        name = method_name(node)
+        func = node.func
+        candidates: list[tuple[cst.CSTNode, str]] = []
+        if name is not None and isinstance(func, cst.Attribute):
+            if name in ("item", "tolist", "cpu") and not node.args:
+                candidates.append((node, func.value, f"`.{name}()`"))  # type: ignore[arg-type]
+            elif name == "numpy" and any(a.keyword and a.keyword.value == "force" and
+                                         dotted_name(a.value) == "True" for a in node.args):
+                candidates.append((node, func.value, "`.numpy(force=True)`"))  # type: ignore[arg-type]
+            elif name == "to" and call_arg(node, "non_blocking") is None:
+                placement = Placement(self.ctx)
+                if placement.target_of_to(node) == HOST and not any(a.star for a in node.args):
+                    candidates.append((node, func.value, "`.to(\"cpu\")`"))  # type: ignore[arg-type]
+            elif name == "format" and isinstance(func.value, (cst.SimpleString, cst.ConcatenatedString)):
+                candidates.extend((a.value, a.value, "formatting a tensor") for a in node.args  # type: ignore[misc]
+                                  if not a.star)
+            elif name in _LOG_METHODS and _LOG_RECEIVERS.match(_last_name(func.value) or ""):
+                candidates.extend((a.value, a.value, "logging a tensor") for a in node.args[1:]  # type: ignore[misc]
+                                  if not a.star)
+            elif name in ("add_scalar",):
+                value = call_arg(node, "scalar_value", 1)
+                if value is not None:
+                    candidates.append((value.value, value.value, "`add_scalar` of a tensor"))  # type: ignore[arg-type]
+        elif isinstance(func, cst.Name) and not self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors):
+            if func.value in ("float", "int", "bool") and len(node.args) == 1 and not node.args[0].star:
+                candidates.append((node, node.args[0].value, f"`{func.value}(tensor)`"))  # type: ignore[arg-type]
+            elif func.value == "print":
+                candidates.extend((a.value, a.value, "printing a tensor") for a in node.args  # type: ignore[misc]
+                                  if not a.star and a.keyword is None)
+        if not candidates:
+            return
+        severity = self._region_severity()
+        if severity is None:
+            return
+        placement = Placement(self.ctx)
+        for report_node, value, what in candidates:  # type: ignore[misc]
+            if placement.may_be_on_device(value):
+                self._emit(report_node, what, severity)
+
+    def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
+        if not self._enabled:
+            return
+        severity = self._region_severity()
+        if severity is None:
+            return
+        if Placement(self.ctx).may_be_on_device(node.expression):
+            self._emit(node.expression, "formatting a tensor in an f-string", severity)
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if not self._enabled or not isinstance(node.operator, cst.Modulo):
+            return
+        if not isinstance(node.left, (cst.SimpleString, cst.ConcatenatedString)):
+            return
+        severity = self._region_severity()
+        if severity is None:
+            return
+        values = [e.value for e in node.right.elements] if isinstance(node.right, cst.Tuple) else [node.right]
+        placement = Placement(self.ctx)
+        for value in values:
+            if placement.may_be_on_device(value):
+                self._emit(value, "`%`-formatting a tensor", severity)
