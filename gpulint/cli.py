@@ -11,11 +11,14 @@ import dataclasses
 import difflib
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from gpulint import __version__
+from gpulint.cache import CACHE_DIR_NAME
 from gpulint.config import OUTPUT_FORMATS, ConfigError, Layer, Resolver, Settings
 from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
 from gpulint.discovery import discover
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         sel.add_argument("--fixable", action="extend", type=_codes, metavar="CODES")
         sel.add_argument("--unfixable", action="extend", type=_codes, default=[], metavar="CODES")
         sel.add_argument("--extend-fixable", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--extend-safe-fixes", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="treat these rules' unsafe fixes as safe")
+        sel.add_argument("--extend-unsafe-fixes", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="treat these rules' safe fixes as unsafe")
         sel.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
                          help="also apply fixes that may change behaviour")
         files = p.add_argument_group("files")
@@ -103,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         out.add_argument("--exit-non-zero-on-fix", action="store_true", help="exit 1 when anything was fixed")
         out.add_argument("-q", "--quiet", action="store_true", help="findings only, no summary")
         out.add_argument("-s", "--silent", action="store_true", help="print nothing (the exit code tells)")
+        out.add_argument("-v", "--verbose", action="store_true", help="say which config files apply, and timings")
         out.add_argument("--color", choices=("auto", "always", "never"), default="auto")
         sup = p.add_argument_group("suppressions and baselines")
         sup.add_argument("--add-noqa", nargs="?", const="", default=None, metavar="REASON",
@@ -111,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         sup.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in FILE")
         sup.add_argument("--write-baseline", metavar="FILE", help="record the current findings in FILE and exit 0")
         p.add_argument("--fix-only", action="store_true", help="apply fixes; do not report what remains")
+        perf = p.add_argument_group("speed")
+        perf.add_argument("-n", "--no-cache", action="store_true", help="do not read or write the results cache "
+                          "(env GPULINT_NO_CACHE)")
+        perf.add_argument("--cache-dir", metavar="DIR", help="default: .gpulint_cache beside the config file "
+                          "(env GPULINT_CACHE_DIR)")
+        perf.add_argument("-j", "--jobs", type=int, metavar="N", help="worker processes (default: automatic)")
 
     check = sub.add_parser("check", help="report findings")
     lint_options(check)
@@ -126,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     rule.add_argument("--output-format", choices=("text", "json"), default="text")
     rules = sub.add_parser("rules", help="list all rules")
     rules.add_argument("--output-format", choices=("text", "json"), default="text")
+    clean = sub.add_parser("clean", help="delete the results cache")
+    clean.add_argument("--cache-dir", metavar="DIR")
     return parser
 
 
@@ -139,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rules(args)
         if args.command == "rule":
             return _rule(args)
+        if args.command == "clean":
+            return _clean(args)
         return _lint(args)
     except (SelectorError, ConfigError, UsageError, BaselineError) as error:
         print(f"gpulint: error: {error}", file=sys.stderr)
@@ -164,6 +182,8 @@ def _cli_layer(args: argparse.Namespace) -> Layer:
     layer.fixable = args.fixable
     layer.unfixable = list(args.unfixable)
     layer.extend_fixable = list(args.extend_fixable)
+    layer.extend_safe_fixes = list(args.extend_safe_fixes)
+    layer.extend_unsafe_fixes = list(args.extend_unsafe_fixes)
     if args.per_file_ignores is not None:
         layer.per_file_ignores = {}
         for pattern, codes in args.per_file_ignores:
@@ -254,12 +274,20 @@ class _Policy:
         settings = self.of(d.path)
         if not settings.is_fixable(d.code):
             return False
-        return d.fix.safety is Safety.SAFE or (d.fix.safety is Safety.UNSAFE and settings.unsafe_fixes)
+        safety = settings.fix_safety(d.code, d.fix.safety)
+        return safety is Safety.SAFE or (safety is Safety.UNSAFE and settings.unsafe_fixes)
+
+    def adjusted(self, d: Diagnostic) -> Diagnostic:
+        """The finding with its fix's safety as the settings see it (extend-safe-fixes / extend-unsafe-fixes)."""
+        if d.fix is None:
+            return d
+        safety = self.of(d.path).fix_safety(d.code, d.fix.safety)
+        return d if safety is d.fix.safety else dataclasses.replace(d, fix=dataclasses.replace(d.fix, safety=safety))
 
     def hidden_unsafe(self, d: Diagnostic) -> bool:
         settings = self.of(d.path)
-        return (d.fix is not None and d.fix.safety is Safety.UNSAFE and not settings.unsafe_fixes
-                and settings.is_fixable(d.code))
+        return (d.fix is not None and settings.fix_safety(d.code, d.fix.safety) is Safety.UNSAFE
+                and not settings.unsafe_fixes and settings.is_fixable(d.code))
 
 
 # -- check / fix ----------------------------------------------------------------------------------------------
@@ -284,7 +312,15 @@ def _lint(args: argparse.Namespace) -> int:
         return _lint_stdin(args, resolver, mode, fmt)
     if "-" in args.paths:
         raise UsageError("`-` (stdin) cannot be combined with other paths")
+    started = time.perf_counter()
     files = _collect(args.paths, resolver)
+    if args.verbose:
+        by_config: dict[str, int] = {}
+        for settings in files.settings.values():
+            by_config[settings.source or "built-in defaults"] = by_config.get(settings.source or
+                                                                              "built-in defaults", 0) + 1
+        for source, count in sorted(by_config.items()):
+            print(f"gpulint: {count} file{'s' if count != 1 else ''} with settings from {source}", file=sys.stderr)
     if args.show_files:
         for path in files.settings:
             print(path)
@@ -304,7 +340,15 @@ def _lint(args: argparse.Namespace) -> int:
                    and args.add_noqa is None) as advance:
         result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
                      respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
-                     options_for=file_options, progress=advance)
+                     options_for=file_options, progress=advance, cache_dir=_cache_dir(args, cwd_settings),
+                     jobs=args.jobs)
+    for report in result.files:  # a cached finding carries the path it was shown with when it was stored
+        report.diagnostics = [d if d.path == report.path else dataclasses.replace(d, path=report.path)
+                              for d in report.diagnostics]
+    if args.verbose:
+        count = len(files.settings)
+        print(f"gpulint: {count} file{'s' if count != 1 else ''} in {time.perf_counter() - started:.2f}s",
+              file=sys.stderr)
     for error in result.errors:
         print(f"gpulint: error: {error}", file=sys.stderr)
     for report in result.files:
@@ -327,6 +371,28 @@ def _lint(args: argparse.Namespace) -> int:
             handle.close()
 
 
+def _cache_dir(args: argparse.Namespace, settings: Settings) -> Path | None:
+    if args.no_cache or os.environ.get("GPULINT_NO_CACHE", "") not in ("", "0") or args.ignore_noqa:
+        return None
+    chosen = args.cache_dir or os.environ.get("GPULINT_CACHE_DIR")
+    if chosen:
+        return Path(chosen)
+    if settings.cache_dir is not None:
+        return settings.cache_dir
+    base = Path(settings.source).parent if settings.source else Path.cwd()
+    return base / CACHE_DIR_NAME
+
+
+def _clean(args: argparse.Namespace) -> int:
+    directory = Path(args.cache_dir or os.environ.get("GPULINT_CACHE_DIR") or CACHE_DIR_NAME)
+    if directory.is_dir():
+        if not (directory / ".gitignore").is_file() and not any(directory.glob("results-*.json")):
+            raise UsageError(f"{directory} does not look like a gpulint cache; not deleting it")
+        shutil.rmtree(directory)
+        print(f"Removed {directory}", file=sys.stderr)
+    return EXIT_CLEAN
+
+
 def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, policy: _Policy,
             rules: Sequence, stream: TextIO) -> int:
     silent = args.silent
@@ -344,6 +410,13 @@ def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, 
     for report in result.files:
         remaining = [d for d in report.diagnostics if policy.keep(d)]
         outcome = report.fix
+        if mode.write and outcome is not None and outcome.changed and not report.written and \
+                report.original is not None:
+            # the fixes could not be written (read-only, changed meanwhile): what the file has is what counts
+            remaining = [d for d in _relint(report.path, report.original, policy) if policy.keep(d)]
+            sources[report.path] = report.original
+            diagnostics.extend(remaining)
+            continue
         if outcome is not None and outcome.changed and report.original is not None and \
                 outcome.text != report.original:
             if mode.write and report.written:
@@ -353,7 +426,7 @@ def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, 
                 fixed[report.path] = list(outcome.fixed)
                 remaining = _map_to_original(report.original, outcome.text, remaining)
         diagnostics.extend(remaining)
-    diagnostics.sort(key=Diagnostic.sort_key)
+    diagnostics = sorted(map(policy.adjusted, diagnostics), key=Diagnostic.sort_key)
     if args.write_baseline:
         count = write_baseline(Path(args.write_baseline), diagnostics, sources)
         if not silent:
@@ -404,6 +477,15 @@ def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, 
     if mode.dry_run and would_change:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if diagnostics else EXIT_CLEAN
+
+
+def _relint(path: str, text: str, policy: _Policy) -> list[Diagnostic]:
+    settings = policy.of(path)
+    try:
+        return lint_text(text, path, settings.rules_for(Path(path)), rule_options=settings.options).diagnostics
+    except RuleCrash as crash:
+        print(f"gpulint: error: {crash}", file=sys.stderr)
+        return []
 
 
 def _render_findings(writer: Writer, fmt: str, diagnostics: list[Diagnostic], policy: _Policy,

@@ -37,11 +37,13 @@ OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
 # Meta codes a user may select or ignore like a rule (the others are always on).
 SELECTABLE_META = {"GPU902": META_CODES.get("GPU902", "unused-noqa")}
 
-_LIST_KEYS = ("select", "ignore", "extend-select", "fixable", "unfixable", "extend-fixable")
+_LIST_KEYS = ("select", "ignore", "extend-select", "fixable", "unfixable", "extend-fixable", "extend-safe-fixes",
+              "extend-unsafe-fixes")
 _TABLE_KEYS = ("per-file-ignores", "extend-per-file-ignores")
 _LINT_KEYS = frozenset(_LIST_KEYS + _TABLE_KEYS + ("options",))
 _BOOL_KEYS = ("respect-gitignore", "force-exclude", "unsafe-fixes", "show-fixes")
-_TOP_KEYS = frozenset(_LINT_KEYS | {"extend", "exclude", "extend-exclude", "output-format", "lint"} | set(_BOOL_KEYS))
+_TOP_KEYS = frozenset(_LINT_KEYS | {"extend", "exclude", "extend-exclude", "output-format", "cache-dir", "lint"}
+                      | set(_BOOL_KEYS))
 
 
 class ConfigError(ValueError):
@@ -109,6 +111,8 @@ class Layer:
     fixable: list[str] | None = None
     unfixable: list[str] = field(default_factory=list)
     extend_fixable: list[str] = field(default_factory=list)
+    extend_safe_fixes: list[str] = field(default_factory=list)  # treat these rules' unsafe fixes as safe
+    extend_unsafe_fixes: list[str] = field(default_factory=list)  # and these rules' safe fixes as unsafe
     per_file_ignores: dict[str, list[str]] | None = None
     extend_per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
     exclude: list[str] | None = None
@@ -118,6 +122,7 @@ class Layer:
     unsafe_fixes: bool | None = None
     show_fixes: bool | None = None
     output_format: str | None = None
+    cache_dir: Path | None = None
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -127,7 +132,8 @@ class Layer:
         def label(key: str) -> str:
             return f"--{key.replace('_', '-')}" if cli else f"{where}: {key.replace('_', '-')}"
 
-        for key in ("select", "ignore", "extend_select", "fixable", "unfixable", "extend_fixable"):
+        for key in ("select", "ignore", "extend_select", "fixable", "unfixable", "extend_fixable",
+                    "extend_safe_fixes", "extend_unsafe_fixes"):
             for selector in getattr(self, key) or ():
                 problem = validate_selector(selector)
                 if problem:
@@ -262,6 +268,10 @@ def layer_from_table(table: dict[str, Any], source: str, base: Path) -> tuple[La
         if not isinstance(table["output-format"], str):
             raise ConfigError(f"{source}: output-format must be a string")
         layer.output_format = table["output-format"]
+    if "cache-dir" in table:
+        if not isinstance(table["cache-dir"], str):
+            raise ConfigError(f"{source}: cache-dir must be a path string")
+        layer.cache_dir = base / os.path.expanduser(table["cache-dir"])
     extend = table.get("extend")
     if extend is not None and not isinstance(extend, str):
         raise ConfigError(f"{source}: extend must be a path string")
@@ -433,11 +443,14 @@ class Settings:
     fixable: frozenset[str]
     per_file_ignores: tuple[PatternCodes, ...]
     excludes: tuple[tuple[Path, str], ...]  # (base, pattern)
+    safe_fixes: frozenset[str] = frozenset()  # rule codes whose unsafe fixes count as safe
+    unsafe_fixes_of: frozenset[str] = frozenset()  # rule codes whose safe fixes count as unsafe
     respect_gitignore: bool = True
     force_exclude: bool = False
     unsafe_fixes: bool = False
     show_fixes: bool = False
     output_format: str = "full"
+    cache_dir: Path | None = None  # None: .gpulint_cache beside the config file (or in the cwd)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -464,6 +477,16 @@ class Settings:
     def is_fixable(self, code: str) -> bool:
         return code in self.fixable
 
+    def fix_safety(self, code: str, safety: Any) -> Any:
+        """A fix's safety after `extend-safe-fixes` / `extend-unsafe-fixes`."""
+        from gpulint.diagnostics import Safety
+
+        if safety is Safety.UNSAFE and code in self.safe_fixes:
+            return Safety.SAFE
+        if safety is Safety.SAFE and code in self.unsafe_fixes_of:
+            return Safety.UNSAFE
+        return safety
+
     def is_excluded(self, path: Path, below: Path | None = None) -> bool:
         return any(path_matches(pattern, path, base, below) for base, pattern in self.excludes)
 
@@ -483,6 +506,7 @@ class Settings:
             "unsafe-fixes": self.unsafe_fixes,
             "show-fixes": self.show_fixes,
             "output-format": self.output_format,
+            "cache-dir": str(self.cache_dir) if self.cache_dir else None,
             "options": self.options,
         }
 
@@ -536,9 +560,15 @@ def resolve(layers: Sequence[Layer], source: str | None = None) -> Settings:
     for layer in layers:
         for code, values in layer.options.items():
             options.setdefault(code, {}).update(values)
+    codes = _all_codes()
+
+    def union(key: str) -> frozenset[str]:
+        return frozenset(c for c in codes for layer in layers
+                         if any(selector_matches(c, s) for s in getattr(layer, key)))
+
     settings = Settings(source, _select(layers), _fixable(layers), tuple(per_file), tuple(excludes),
-                        options=options)
-    for key in ("respect_gitignore", "force_exclude", "unsafe_fixes", "show_fixes", "output_format"):
+                        union("extend_safe_fixes"), union("extend_unsafe_fixes"), options=options)
+    for key in ("respect_gitignore", "force_exclude", "unsafe_fixes", "show_fixes", "output_format", "cache_dir"):
         for layer in layers:
             value = getattr(layer, key)
             if value is not None:

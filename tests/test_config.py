@@ -158,6 +158,15 @@ def test_fixable_unfixable_and_unsafe_fixes_from_config(tmp_path):
     assert (tmp_path / "train.py").read_text() == BAD
     assert gpulint("fix", "--apply", "--fixable", "GPU011", cwd=tmp_path).returncode == 0
     assert (tmp_path / "train.py").read_text() == GOOD
+    # per-rule demotion: GPU011's safe fix counts as unsafe
+    write(tmp_path / "train.py", BAD)
+    write(tmp_path / "gpulint.toml", 'select = ["GPU011"]\nextend-unsafe-fixes = ["GPU011"]\n')
+    data = json.loads(gpulint("check", "--output-format", "json", cwd=tmp_path).stdout)
+    assert data[0]["fix"]["applicability"] == "unsafe"
+    assert gpulint("fix", "--apply", cwd=tmp_path).returncode == 1
+    assert (tmp_path / "train.py").read_text() == BAD
+    assert gpulint("fix", "--apply", "--unsafe-fixes", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "train.py").read_text() == GOOD
 
 
 def _unsafe_rule():
@@ -189,6 +198,11 @@ def test_unsafe_fixes_setting(tmp_path):
     write(tmp_path / "train.py", example.code)
     gpulint("fix", "--apply", "--no-unsafe-fixes", cwd=tmp_path)  # the command line wins
     assert (tmp_path / "train.py").read_text() == example.code
+    # per-rule promotion: this rule's unsafe fixes count as safe
+    write(tmp_path / "gpulint.toml", f'select = ["{rule.code}"]\nextend-safe-fixes = ["{rule.code}"]\n')
+    assert "[*]" in check(tmp_path).stdout
+    gpulint("fix", "--apply", cwd=tmp_path)
+    assert (tmp_path / "train.py").read_text() == example.fixed
 
 
 def test_output_format_and_show_fixes_from_config(tmp_path):

@@ -118,8 +118,8 @@ def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | Non
         if preview and source is not None:
             _fix_preview(writer, d, source)
         if d.fix.safety is not Safety.SAFE:
-            writer.line(("note", "bold"), ": This is an unsafe fix and may change runtime behavior "
-                        "(applied only with --unsafe-fixes)")
+            writer.line(("note", "bold"), ": This is an unsafe fix and may change runtime behavior"
+                        + ("" if applicable else " (applied only with --unsafe-fixes)"))
     if d.note:
         writer.line(("note", "bold"), f": {d.note}")
     writer.line("")
