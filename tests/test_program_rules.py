@@ -1,0 +1,75 @@
+"""Program-level precision rules (GPU020-GPU025) on multi-file programs.
+
+The program is every file of one run. Each `fixtures/GPU02x/programs/<name>/` folder holds one program as
+`*.py.txt` files (hidden from the per-file fixture tests, which lint each `.py` alone); it is copied to a
+temporary folder and linted in one run, and the findings must match the `# expect:` comments.
+"""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpulint.engine import lint_text
+from gpulint.registry import rule_by_code
+from gpulint.runner import run
+from gpulint.testing import FIXTURES, expected_findings
+
+CODES = ("GPU020", "GPU021", "GPU022", "GPU023", "GPU024", "GPU025")
+PROGRAMS = sorted(p for p in FIXTURES.glob("GPU02*/programs/*") if p.is_dir())
+
+
+def _materialize(program: Path, target: Path) -> dict[str, str]:
+    """Copy the program's `x.py.txt` files to `target` as `x.py`; relative path -> text."""
+    texts = {}
+    for source in sorted(program.rglob("*.py.txt")):
+        relative = source.relative_to(program).with_suffix("")  # drop `.txt`
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        text = source.read_text(encoding="utf-8")
+        destination.write_text(text, encoding="utf-8")
+        texts[relative.as_posix()] = text
+    return texts
+
+
+def _findings(target: Path, *, fix: bool = False):
+    rules = [rule_by_code(code) for code in CODES]
+    result = run([str(target)], rules, fix=fix, jobs=1)
+    assert not result.errors, result.errors
+    return result
+
+
+def test_programs_exist():
+    assert PROGRAMS, "fixtures/GPU02x/programs/ holds the multi-file programs"
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_program(program: Path, tmp_path: Path):
+    texts = _materialize(program, tmp_path)
+    found = Counter()
+    for diagnostic in _findings(tmp_path).diagnostics:
+        relative = Path(diagnostic.path).resolve().relative_to(tmp_path.resolve()).as_posix()
+        found[(relative, diagnostic.line, diagnostic.code)] += 1
+    expected = Counter()
+    for relative, text in texts.items():
+        for (line, code), count in expected_findings(text).items():
+            expected[(relative, line, code)] += count
+    assert found == expected
+
+
+def test_tf32_set_in_an_imported_module_counts_only_when_both_files_are_linted(tmp_path: Path):
+    texts = _materialize(FIXTURES / "GPU020" / "programs" / "tf32_in_module", tmp_path)
+    alone = lint_text(texts["train.py"], "train.py", [rule_by_code("GPU020")]).diagnostics
+    assert [d.code for d in alone] == ["GPU020"]  # the program is what the command line names
+    together = _findings(tmp_path).diagnostics
+    assert not [d for d in together if d.code == "GPU020"]
+
+
+def test_program_fix_inserts_tf32_after_the_imports(tmp_path: Path):
+    _materialize(FIXTURES / "GPU020" / "programs" / "independent_scripts", tmp_path)
+    result = run([str(tmp_path)], [rule_by_code("GPU020")], fix=True, min_safety=rule_by_code("GPU020").safety,
+                 jobs=1)
+    fixed = {Path(f.path).resolve().relative_to(tmp_path.resolve()).as_posix(): f.fix.text
+             for f in result.files if f.fix is not None and f.fix.changed}
+    assert list(fixed) == ["plain/train.py"]
+    assert 'import torchvision\ntorch.set_float32_matmul_precision("high")\n' in fixed["plain/train.py"]
