@@ -103,7 +103,7 @@ class DeprecatedSdpKernel(Rule):
         ),
     ]
     micro_check = MicroCheck(
-        kinds=("WARN",),
+        kinds=("EQ", "WARN"),
         setup="import warnings",
         before=(
             "with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False):\n"

@@ -141,7 +141,7 @@ class ManualAttention(Rule):
         setup=(
             "import math\n"
             "import torch.nn.functional as F\n"
-            "q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(3))\n"
+            "q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))\n"
             "pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool); pad[..., -2:] = True\n"
             "bias = torch.tril(torch.ones(5, 5)).view(1, 1, 5, 5)"
         ),
