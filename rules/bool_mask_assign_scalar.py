@@ -1,0 +1,213 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Confidence, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.rules.bool_mask_index_read import (aligned_mask, is_pure, mask_confidence, mask_index_layout,
+                                                mask_site_evidence)
+
+_FP16_MAX = 65504.0
+_BF16_MAX = 3.3895e38  # also above float32's max: every float dtype's masked_fill_ raises, setitem may write inf
+_LOW_PRECISION = re.compile(r"float16|\bhalf\b|\.half\(|bfloat16|autocast|GradScaler|\bfp16\b|\bbf16\b|amp\.")
+_SMALL_FINFO = ("torch.float16", "torch.half")
+
+
+class BoolMaskAssignScalar(Rule):
+    """
+    ## What it does
+    Finds `x[mask] = <scalar literal>` in the training step, the forward pass or compiled code, and rewrites it
+    to the in-place `x.masked_fill_(mask, <scalar>)`, with the mask reshaped to broadcast over `x`'s trailing
+    dimensions.
+
+    ## Why is this slow
+    In eager mode it is not: ATen already turns a boolean-index assignment of a Python scalar into
+    `masked_fill_` (no host sync, CUDA-graph capturable). Under `torch.compile` the traced graph keeps
+    `aten.index_put`, which made `mode="reduce-overhead"` skip CUDA graphs for the whole graph before
+    torch 2.10 (pytorch #169951). `masked_fill_` states the intent and never depends on that lowering.
+
+    ## Example
+    ```python
+    scores[pad_mask] = float("-inf")
+    ```
+
+    ## Use instead
+    ```python
+    scores.masked_fill_(pad_mask.reshape(pad_mask.shape + (1,) * (scores.dim() - pad_mask.dim())), float("-inf"))
+    ```
+    (The reshape is left out when the mask is a comparison of `scores` itself, e.g. `x[x < 0] = 0`.)
+
+    ## Fix safety
+    Safe when the mask is a boolean tensor by construction (a comparison, `isnan`, `logical_*`) and the
+    receiver is a tensor: `masked_fill_` is in place like the original, so views of `x` see the change, and
+    values, gradients and integer truncation are identical. A reshape makes a row mask select rows, not
+    columns. Not fixed: literals above the float16 range when the program uses float16/autocast
+    (`x[m] = -1e9` writes `-inf` silently, `masked_fill_` raises), name-only masks (`x[mask]` may be an index
+    tensor), and compound masks that would need reshaping (they would be evaluated twice).
+    """
+
+    code = "GPU003"
+    name = "bool-mask-assign-scalar"
+    message = "Boolean-mask assignment of a scalar; `masked_fill_` is the capture-safe spelling"
+    fix_title = "Rewrite as in-place `masked_fill_`"
+    severity = Severity.INFO
+    safety = Safety.SAFE
+    priority = "P2"
+    triggers = ("] =", "]=")
+    examples = [
+        Valid(  # already masked_fill
+            """
+            import torch
+            class Attn(torch.nn.Module):
+                def forward(self, scores, pad):
+                    return scores.masked_fill(pad == 0, float("-inf")).softmax(-1)
+            """
+        ),
+        Valid(  # NumPy array in an RL loop
+            """
+            import numpy as np
+            returns = np.zeros(8)
+            for update in range(100):
+                returns[returns < 0] = 0.0
+                loss = agent.loss(returns)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            class Head(torch.nn.Module):
+                def forward(self, x):
+                    logits = self.proj(x)
+                    logits = logits.float()
+                    logits[logits < -10] = -10.0
+                    return logits
+            """,
+            fixed="""
+            import torch
+            class Head(torch.nn.Module):
+                def forward(self, x):
+                    logits = self.proj(x)
+                    logits = logits.float()
+                    logits.masked_fill_(logits < -10, -10.0)
+                    return logits
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            class Attn(torch.nn.Module):
+                def forward(self, q, k, pad):
+                    scores = torch.matmul(q, k.transpose(-2, -1))
+                    blocked = pad == 0
+                    scores[:, blocked] = float("-inf")
+                    return scores.softmax(-1)
+            """,
+            fixed="""
+            import torch
+            class Attn(torch.nn.Module):
+                def forward(self, q, k, pad):
+                    scores = torch.matmul(q, k.transpose(-2, -1))
+                    blocked = pad == 0
+                    scores.masked_fill_(blocked.reshape(blocked.shape + (1,) * (scores.dim() - 1 - blocked.dim())), float("-inf"))
+                    return scores.softmax(-1)
+            """,
+        ),
+        Invalid(  # -1e9 overflows float16: reported, not rewritten
+            """
+            import torch
+            class Attn(torch.nn.Module):
+                def forward(self, scores, pad):
+                    scores = scores.half()
+                    scores[pad == 0] = -1e9
+                    return scores
+            """
+        ),
+    ]
+    micro_check = MicroCheck(
+        kinds=("EQ", "ALIAS", "CG"),
+        setup=("x = torch.randn(4, 6, 5, requires_grad=True)\n"
+               "row = torch.rand(4, 6) > 0.5\n"
+               "base = (x * 2).detach().clone()\n"
+               "view = base[1:]"),
+        before=("y = x * 2\n"
+                "y[row] = float('-inf')\n"
+                "y[y > 1.5] = 1.5\n"
+                "view[view < 0] = 0.0\n"
+                "out = y.exp()"),
+        after=("y = x * 2\n"
+               "y.masked_fill_(row.reshape(row.shape + (1,) * (y.dim() - row.dim())), float('-inf'))\n"
+               "y.masked_fill_(y > 1.5, 1.5)\n"
+               "view.masked_fill_(view < 0, 0.0)\n"
+               "out = y.exp()"),
+        compare=("out", "base", "x.grad"),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._low_precision: bool | None = None
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
+            return
+        if not self.ctx.in_hot_region():
+            return
+        target = node.targets[0].target
+        evidence = self.ctx.evidence
+        if not evidence.is_scalar_literal(node.value):
+            return
+        layout = mask_index_layout(target)
+        if layout is None:
+            return
+        confidence = mask_confidence(self.ctx, layout.mask)
+        if confidence is None:
+            return
+        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask, confidence)
+        if receiver_is_tensor is None:
+            return
+        note = None
+        replacement = None
+        if confidence is not Confidence.HIGH:
+            note = "the mask is known only by its name; make sure it is a bool tensor, then use `masked_fill_`"
+        elif not receiver_is_tensor:
+            note = "the receiver is not known to be a tensor"
+        elif not is_pure(target.value):
+            note = "the receiver expression would be evaluated twice"
+        elif (why := self._overflow(node.value)) is not None:
+            note = why
+        else:
+            mask = aligned_mask(self.ctx, layout, target.value)
+            if mask is None:
+                note = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
+            else:
+                value = self.ctx.code(node.value)
+                replacement = cst.Expr(cst.parse_expression(f"{self.ctx.code(target.value)}.masked_fill_({mask}, {value})"))
+        self.report(node, replacement=replacement, note=note)
+
+    def _overflow(self, value: cst.BaseExpression) -> str | None:
+        magnitude = self.ctx.evidence.scalar_magnitude(value)
+        if magnitude is not None:
+            size = abs(magnitude)
+            if size != float("inf") and size > _BF16_MAX:
+                return "the value overflows every reduced-precision float: setitem writes inf, masked_fill_ raises"
+            if size != float("inf") and size > _FP16_MAX and self._uses_low_precision():
+                return ("the value overflows float16 (max 65504): `x[m] = v` writes -inf/inf silently while "
+                        "`masked_fill_` raises; use `torch.finfo(x.dtype).min`")
+            return None
+        # torch.finfo(<dtype>).min/max: fine for the receiver's own dtype or the narrowest float
+        finfo = value.value if isinstance(value, cst.Attribute) else None
+        if isinstance(finfo, cst.Call) and finfo.args:
+            arg = finfo.args[0].value
+            if isinstance(arg, cst.Attribute) and arg.attr.value == "dtype":
+                return None
+            if self.ctx.qualname(arg) in _SMALL_FINFO or not self._uses_low_precision():
+                return None
+            return "`torch.finfo` of a wider dtype than the tensor may overflow it; use `torch.finfo(x.dtype)`"
+        return None
+
+    def _uses_low_precision(self) -> bool:
+        if self._low_precision is None:
+            self._low_precision = bool(self.ctx.program.search(_LOW_PRECISION))
+        return self._low_precision

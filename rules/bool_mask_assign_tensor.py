@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpulint import Confidence, Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import call_arg, method_name, walk
+from gpulint.rules.bool_mask_index_read import (aligned_mask, is_pure, mask_confidence, mask_index_layout,
+                                                mask_site_evidence, same_code, tensor_verdict)
+
+# Full reductions: called without arguments they return a 0-d tensor on the receiver's device.
+_FULL_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median",
+                    "nansum", "nanmean"}
+_SUGGEST_NOTE = ("use `x.copy_(torch.where(mask, values, x))` when the values broadcast over `x`, or "
+                 "`x.masked_scatter_(mask, values)` when they hold one element per selected position")
+
+
+class BoolMaskAssignTensor(Rule):
+    """
+    ## What it does
+    Finds boolean-mask assignments of tensor values in the training step, the forward pass or compiled code:
+    `x[mask] = y[mask]`, `x[mask] = <0-d tensor on the device>`, `x[mask] = values`. The first two are
+    rewritten to `x.copy_(torch.where(mask, y, x))`.
+
+    ## Why is this slow
+    `x[mask] = y[mask]` reads `y[mask]` (data-dependent shape: the host waits for the GPU to count the
+    selected elements) and scatters it back: 2 host syncs per statement on an H100, a graph break under
+    `torch.compile` and a failed CUDA-graph capture. Assigning a 0-d CUDA tensor costs one sync (the value is
+    read back to the host to call `masked_fill_`); `torch.where` costs none.
+
+    ## Example
+    ```python
+    target[done] = returns[done]
+    ```
+
+    ## Use instead
+    ```python
+    target.copy_(torch.where(done.reshape(done.shape + (1,) * (target.dim() - done.dim())), returns, target))
+    ```
+
+    ## Fix safety
+    Safe when the mask is a boolean tensor by construction and the receiver is a tensor: the result is copied
+    back in place (views of `x` see it), values cast to `x`'s dtype exactly as index assignment does, and
+    gradients flow to `y` at the selected positions and to the old `x` elsewhere, as before. The mask is
+    reshaped to broadcast over `x`'s trailing dimensions. Other tensor values are reported without a fix:
+    whether they broadcast over `x` (`where`) or hold one element per selected position (`masked_scatter_`)
+    depends on shapes gpulint cannot see.
+    """
+
+    code = "GPU002"
+    name = "bool-mask-assign-tensor"
+    message = "Boolean-mask assignment of a tensor value syncs the host; use `torch.where` / `masked_scatter_`"
+    fix_title = "Rewrite as `x.copy_(torch.where(mask, value, x))`"
+    severity = Severity.WARNING
+    safety = Safety.SAFE
+    priority = "P1"
+    triggers = ("] =", "]=")
+    examples = [
+        Valid(  # scalar values are GPU003
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    x = x.float()
+                    x[x < 0] = 0.0
+                    return x
+            """
+        ),
+        Valid(  # NumPy arrays in an RL loop
+            """
+            import numpy as np
+            values = np.zeros(16)
+            returns = np.ones(16)
+            for it in range(100):
+                values[returns > 0] = returns[returns > 0]
+                loss = model(batch).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            class Blend(torch.nn.Module):
+                def forward(self, x, y):
+                    out = torch.zeros_like(x)
+                    keep = y > 0
+                    out[keep] = y[keep]
+                    return out
+            """,
+            fixed="""
+            import torch
+            class Blend(torch.nn.Module):
+                def forward(self, x, y):
+                    out = torch.zeros_like(x)
+                    keep = y > 0
+                    out.copy_(torch.where(keep.reshape(keep.shape + (1,) * (out.dim() - keep.dim())), y, out))
+                    return out
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            class Clip(torch.nn.Module):
+                def forward(self, x):
+                    x = x.clone()
+                    x[x > 3] = x.mean()
+                    return x
+            """,
+            fixed="""
+            import torch
+            class Clip(torch.nn.Module):
+                def forward(self, x):
+                    x = x.clone()
+                    x.copy_(torch.where(x > 3, x.mean(), x))
+                    return x
+            """,
+        ),
+    ]
+    micro_check = MicroCheck(
+        kinds=("EQ", "ALIAS", "GB", "SYNC"),
+        setup=("x = torch.randn(6, 4, requires_grad=True)\n"
+               "y = torch.randn(6, 4, requires_grad=True)\n"
+               "rows = torch.rand(6) > 0.5\n"
+               "base = torch.randn(6, 4)\n"
+               "view = base[2:]"),
+        before=("out = x * 1\n"
+                "out[rows] = y[rows]\n"
+                "out[out > 1] = y.mean()\n"
+                "z = base[2:] * 2\n"
+                "m2 = z < 0\n"
+                "view[m2] = z[m2]"),
+        after=("out = x * 1\n"
+               "out.copy_(torch.where(rows.reshape(rows.shape + (1,) * (out.dim() - rows.dim())), y, out))\n"
+               "out.copy_(torch.where(out > 1, y.mean(), out))\n"
+               "z = base[2:] * 2\n"
+               "m2 = z < 0\n"
+               "view.copy_(torch.where(m2.reshape(m2.shape + (1,) * (view.dim() - m2.dim())), z, view))"),
+        compare=("out", "base"),
+    )
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
+            return
+        if not self.ctx.in_hot_region():
+            return
+        target = node.targets[0].target
+        value = node.value
+        if self.ctx.evidence.is_scalar_literal(value):
+            return  # GPU003
+        layout = mask_index_layout(target)
+        if layout is None:
+            return
+        confidence = mask_confidence(self.ctx, layout.mask)
+        if confidence is None:
+            return
+        same_mask_read = self._same_mask_read(value, layout)
+        if same_mask_read is None and self._reads_same_mask(value, layout):
+            return  # `out[m] = f(x[m])`: gather-compute-scatter, GPU004
+        if same_mask_read is not None:
+            if tensor_verdict(self.ctx, same_mask_read.value) is False:
+                return
+            source: cst.BaseExpression | None = same_mask_read.value
+            zero_dim = False
+        else:
+            kind = self._value_kind(value)
+            if kind is None:
+                return
+            zero_dim = kind == "0d"
+            source = value if zero_dim else None
+        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask, confidence)
+        if receiver_is_tensor is None:
+            return
+        replacement, imports, note = None, (), None
+        if source is None:
+            note = _SUGGEST_NOTE
+        elif confidence is not Confidence.HIGH:
+            note = "the mask is known only by its name; make sure it is a bool tensor, then use `torch.where`"
+        elif not receiver_is_tensor:
+            note = "the receiver is not known to be a tensor"
+        elif not is_pure(target.value) or (same_mask_read is not None and not is_pure(source)):
+            note = "an operand would be evaluated twice"
+        else:
+            mask = aligned_mask(self.ctx, layout, target.value)
+            if mask is None:
+                note = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
+            else:
+                where, imports = self.ctx.spell("torch.where")
+                receiver = self.ctx.code(target.value)
+                text = f"{receiver}.copy_({where}({mask}, {self.ctx.code(source)}, {receiver}))"
+                replacement = cst.Expr(cst.parse_expression(text))
+        message = None
+        if zero_dim:
+            message = ("Boolean-mask assignment of a 0-d device tensor reads it back to the host; "
+                       "use `torch.where`")
+        self.report(node, message, replacement=replacement, imports=imports, note=note)
+
+    def _same_mask_read(self, value: cst.BaseExpression, layout) -> cst.Subscript | None:
+        if not isinstance(value, cst.Subscript):
+            return None
+        other = mask_index_layout(value)
+        if other is None or other.leading != layout.leading or other.ellipsis != layout.ellipsis:
+            return None
+        return value if same_code(self.ctx, other.mask, layout.mask) else None
+
+    def _reads_same_mask(self, value: cst.BaseExpression, layout) -> bool:
+        for node in walk(value):
+            if isinstance(node, cst.Subscript):
+                other = mask_index_layout(node)
+                if other is not None and same_code(self.ctx, other.mask, layout.mask):
+                    return True
+        return False
+
+    def _value_kind(self, value: cst.BaseExpression) -> str | None:
+        """'0d': a 0-d tensor on the device of a tensor; 'tensor': another tensor; None: not known to be one
+        (Python numbers in variables, CPU 0-d tensors: ATen already uses `masked_fill_` for those)."""
+        if isinstance(value, cst.Call):
+            qual = self.ctx.qualname(value.func) or ""
+            if qual in ("torch.tensor", "torch.as_tensor", "torch.scalar_tensor"):
+                device = call_arg(value, "device")
+                if device is None or self.ctx.device_of(device.value) is Device.CPU:
+                    return None  # a CPU value: ATen already takes the `masked_fill_` path
+                first = value.args[0].value if value.args else None
+                if first is not None and self.ctx.evidence.is_scalar_literal(first):
+                    return "0d"
+                return None
+            name = method_name(value)
+            if name in _FULL_REDUCTIONS and not value.args and isinstance(value.func, cst.Attribute):
+                if tensor_verdict(self.ctx, value.func.value) is True:
+                    return "0d"
+                return None
+            if name == "new_tensor" and len(value.args) == 1 and self.ctx.evidence.is_scalar_literal(value.args[0].value):
+                return "0d" if tensor_verdict(self.ctx, value.func.value) else None
+        verdict = tensor_verdict(self.ctx, value)
+        return "tensor" if verdict is True else None

@@ -1,0 +1,575 @@
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from gpulint import Confidence, HotKind, Rule, Severity, Valid, Invalid
+from gpulint.analysis import BindingKind, dotted_name, method_name
+from gpulint.rule import RuleContext
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the bool-mask rules (GPU001-GPU003) and the tensor-branch / dynamic-shape rules
+# (GPU006, GPU007). Candidates to move into gpulint.analysis.
+
+
+@dataclass(frozen=True)
+class MaskIndex:
+    """`x[M]`, `x[:, :, M]`, `x[..., M]`, `x[M, :]`: one bool-mask index among full slices."""
+
+    mask: cst.BaseExpression
+    leading: int  # full slices `:` before the mask
+    ellipsis: bool  # `...` before the mask (then the mask covers the trailing dims)
+    trailing: int  # full slices `:` after the mask
+
+
+def _is_full_slice(element: cst.SubscriptElement) -> bool:
+    part = element.slice
+    return isinstance(part, cst.Slice) and part.lower is None and part.upper is None and (
+        part.step is None)
+
+
+def _is_ellipsis(element: cst.SubscriptElement) -> bool:
+    return isinstance(element.slice, cst.Index) and isinstance(element.slice.value, cst.Ellipsis)
+
+
+def mask_index_layout(node: cst.Subscript) -> MaskIndex | None:
+    """The single candidate mask expression of a subscript and where it sits; None for other forms
+    (several indices, int and bool indices mixed, bounded slices, starred indices)."""
+    elements = list(node.slice)
+    candidates = [i for i, e in enumerate(elements)
+                  if isinstance(e.slice, cst.Index) and not _is_ellipsis(e)]
+    if len(candidates) != 1:
+        return None
+    at = candidates[0]
+    index = elements[at].slice
+    assert isinstance(index, cst.Index)
+    if index.star is not None:
+        return None
+    before, after = elements[:at], elements[at + 1:]
+    if not all(_is_full_slice(e) for e in after):
+        return None
+    ellipses = [e for e in before if _is_ellipsis(e)]
+    if ellipses:
+        # only `x[..., M]`: the mask covers the trailing dims
+        if len(before) != 1 or after:
+            return None
+        return MaskIndex(index.value, 0, True, 0)
+    if not all(_is_full_slice(e) for e in before):
+        return None
+    return MaskIndex(index.value, len(before), False, len(after))
+
+
+# Calls whose result is an integer index (or a list of them), never a bool mask.
+_INDEX_PRODUCERS = {"nonzero", "argwhere", "argsort", "topk", "sort", "randperm", "arange", "multinomial", "argmax",
+                    "argmin", "nms", "batched_nms", "long", "int", "range", "list", "unique", "searchsorted",
+                    "bucketize", "indices", "choice", "permutation", "flatnonzero", "tolist", "item", "len"}
+_STRONG_MASK_NAME = re.compile(r"mask", re.I)
+
+
+def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | None:
+    """`ctx.evidence.mask_confidence`, minus names whose reaching assignment is an index producer
+    (`keep = nms(...)`, `idx = mask.nonzero()`) and name-only masks that do not say `mask`
+    (`keep`, `valid`, `done` are often index tensors or NumPy arrays)."""
+    found = ctx.mask_confidence(node)
+    if found is None or found is Confidence.HIGH:
+        return found
+    if isinstance(node, cst.UnaryOperation):  # `~mask`: judge the operand's name
+        node = node.expression
+    if isinstance(node, cst.BinaryOperation):
+        return None  # `a & b` of name-only operands
+    if isinstance(node, cst.Name):
+        for binding in ctx.analysis.reaching_bindings(node.value, ctx.ancestors):
+            value = binding.value
+            if binding.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) and isinstance(value, cst.Call):
+                last = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
+                if last in _INDEX_PRODUCERS:
+                    return None
+                if last == "where" and len(value.args) == 1:
+                    return None
+        name = node.value
+    elif isinstance(node, cst.Attribute):
+        name = node.attr.value
+    else:
+        return None
+    return Confidence.LOW if _STRONG_MASK_NAME.search(name) else None
+
+
+# -- tensor evidence --------------------------------------------------------------------------
+
+# torch.<op>(...) results that are tensors (top level of the torch namespace).
+_TORCH_TENSOR_OPS = {
+    "any", "all", "isnan", "isinf", "isfinite", "isin", "isneginf", "isposinf", "where", "sum", "mean", "max", "min",
+    "amax", "amin", "abs", "exp", "log", "log1p", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "softmax",
+    "log_softmax", "matmul", "mm", "bmm", "einsum", "cat", "concat", "stack", "gather", "scatter", "masked_fill",
+    "clamp", "clip", "topk", "sort", "argsort", "argmax", "argmin", "norm", "logical_and", "logical_or",
+    "logical_not", "logical_xor", "eq", "ne", "gt", "ge", "lt", "le", "maximum", "minimum", "count_nonzero",
+    "cumsum", "cumprod", "diff", "flatten", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "outer",
+    "dot", "lerp", "sign", "round", "floor", "ceil", "nonzero", "unique", "bincount", "addmm", "baddbmm",
+    "index_select", "masked_select", "narrow", "chunk", "split", "roll", "flip", "diag", "tril", "triu", "trace",
+    "logsumexp", "prod", "std", "var", "median", "mul", "add", "sub", "div", "pow", "neg", "square", "erf",
+    "cosine_similarity", "cdist", "repeat_interleave", "broadcast_to", "expand_copy", "full", "zeros", "ones",
+    "empty", "arange", "eye", "linspace", "logspace", "zeros_like", "ones_like", "full_like", "empty_like",
+    "tensor", "as_tensor", "from_numpy", "rand", "randn", "randint", "randperm", "normal", "bernoulli",
+    "rand_like", "randn_like", "randint_like", "multinomial", "nan_to_num", "real", "imag", "view_as_real",
+}
+# Attributes and methods of a tensor that are host-side metadata, never tensors.
+STATIC_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "training", "is_leaf", "grad_fn",
+                "layout", "is_sparse", "is_quantized", "is_meta", "names", "T_is_never_static"}
+STATIC_METHODS = {"size", "dim", "numel", "ndimension", "nelement", "element_size", "is_contiguous",
+                  "is_floating_point", "is_complex", "data_ptr", "item", "tolist", "numpy", "get_device",
+                  "stride", "storage_offset", "is_pinned", "has_names", "is_set_to", "is_shared", "__len__",
+                  "keys", "values", "items", "get", "startswith", "endswith", "isdigit", "lower", "upper"}
+_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median", "nansum",
+               "nanmean", "any", "all", "count_nonzero", "abs", "float", "half", "bfloat16", "double", "exp",
+               "log", "sqrt", "detach", "clone", "contiguous", "to", "cuda", "squeeze", "unsqueeze",
+               "reshape", "view", "flatten", "transpose", "permute", "t", "softmax", "sigmoid", "isnan", "isinf",
+               "isfinite", "bool", "long", "int", "eq", "ne", "gt", "ge", "lt", "le", "logical_not"}
+_ANNOTATION_TENSOR = re.compile(r"\bTensor\b")
+_ANNOTATION_NOT_TENSOR = re.compile(r"\b(ndarray|np\.|numpy|list|List|int|float|bool|str|dict|Dict|Sequence)\b")
+
+
+def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0) -> bool | None:
+    """True: surely a tensor; False: surely not (NumPy, Python data, tensor metadata); None: unknown.
+
+    Extends `ctx.evidence.is_tensor` with torch ops, nn.Module calls, `Tensor`-annotated parameters,
+    `self.<buffer>` registered or built with a torch factory, and metadata (`.shape`, `.size()`, ...)."""
+    if depth > 6:
+        return None
+    if isinstance(node, cst.Attribute) and node.attr.value in STATIC_ATTRS:
+        return False
+    if isinstance(node, cst.Call) and method_name(node) in STATIC_METHODS:
+        return False
+    base = ctx.evidence.is_tensor(node)
+    if base is not None:
+        return base
+    if isinstance(node, cst.Call):
+        qual = ctx.qualname(node.func) or ""
+        if qual.startswith(("torch.nn.functional.", "torch.linalg.", "torch.special.", "torch.fft.")):
+            return True
+        if qual.startswith("torch.") and qual.count(".") == 1 and qual[6:] in _TORCH_TENSOR_OPS:
+            return True
+        if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"):
+            return True
+        if qual.startswith(("numpy.", "math.", "random.")):
+            return False
+        if ctx.evidence.is_module(node.func) is Confidence.HIGH:
+            return True
+        name = method_name(node)
+        if name in _REDUCTIONS and isinstance(node.func, cst.Attribute):
+            return tensor_verdict(ctx, node.func.value, depth + 1)
+        return None
+    if isinstance(node, cst.Subscript):
+        if isinstance(node.value, cst.Attribute) and node.value.attr.value in STATIC_ATTRS:
+            return False
+        return tensor_verdict(ctx, node.value, depth + 1)
+    if isinstance(node, cst.UnaryOperation):
+        if isinstance(node.operator, cst.Not):
+            return False
+        return tensor_verdict(ctx, node.expression, depth + 1)
+    if isinstance(node, cst.BinaryOperation):
+        left = tensor_verdict(ctx, node.left, depth + 1)
+        right = tensor_verdict(ctx, node.right, depth + 1)
+        if left or right:
+            return True
+        return False if left is False and right is False else None
+    if isinstance(node, cst.Comparison):
+        if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
+            return False
+        verdicts = [tensor_verdict(ctx, node.left, depth + 1)] + [
+            tensor_verdict(ctx, c.comparator, depth + 1) for c in node.comparisons]
+        if len(node.comparisons) > 1:
+            return False if all(v is False for v in verdicts) else None  # chained: `a < t < b` is `and`
+        if True in verdicts:
+            return True
+        return False if all(v is False for v in verdicts) else None
+    if isinstance(node, cst.BooleanOperation):
+        return False  # `a and b` is an operand, not a tensor result we can judge; operands are tested apart
+    if isinstance(node, cst.Name):
+        return _name_verdict(ctx, node, depth)
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        return _self_attr_verdict(ctx, node.attr.value, depth)
+    return None
+
+
+def _name_verdict(ctx: RuleContext, node: cst.Name, depth: int) -> bool | None:
+    bindings = ctx.analysis.reaching_bindings(node.value, ctx.ancestors)
+    if not bindings:
+        return None
+    verdicts = set()
+    for binding in bindings:
+        if binding.kind is BindingKind.ASSIGN and binding.value is not None:
+            verdicts.add(tensor_verdict(ctx, binding.value, depth + 1))
+        elif binding.kind is BindingKind.PARAM:
+            verdicts.add(_param_verdict(ctx, node.value))
+        elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, cst.Call) and \
+                ctx.evidence.is_module(binding.value.func) is Confidence.HIGH:
+            verdicts.add(True)  # `out, hidden = self.rnn(x)`
+        else:
+            verdicts.add(None)
+    if verdicts == {True}:
+        return True
+    if verdicts == {False}:
+        return False
+    return None
+
+
+def _param_verdict(ctx: RuleContext, name: str) -> bool | None:
+    for node in reversed(ctx.ancestors):
+        if isinstance(node, cst.FunctionDef):
+            params = node.params
+            for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+                if param.name.value == name:
+                    if param.annotation is None:
+                        return None
+                    text = ctx.code(param.annotation.annotation)
+                    if _ANNOTATION_TENSOR.search(text):
+                        return True
+                    return False if _ANNOTATION_NOT_TENSOR.search(text) else None
+            return None
+    return None
+
+
+def _self_attr_verdict(ctx: RuleContext, attr: str, depth: int) -> bool | None:
+    info = ctx.analysis.enclosing_class(ctx.ancestors)
+    if info is None:
+        return None
+    for call in _class_calls(info.node):
+        if method_name(call) == "register_buffer" and call.args:
+            first = call.args[0].value
+            if isinstance(first, cst.SimpleString) and first.evaluated_value == attr:
+                return True
+    bindings = [b for b in info.attrs.get(attr, []) if b.kind is BindingKind.ASSIGN and b.value is not None]
+    if not bindings:
+        return None
+    verdicts = {tensor_verdict(ctx, b.value, depth + 1) for b in bindings}
+    if verdicts == {True}:
+        return True
+    return False if verdicts == {False} else None
+
+
+def _class_calls(node: cst.ClassDef) -> list[cst.Call]:
+    from gpulint.analysis import iter_calls
+    return list(iter_calls(node, into_functions=True))
+
+
+def numpy_in_file(ctx: RuleContext) -> bool:
+    return any(target == "numpy" or target.startswith("numpy.") for target in ctx.analysis.aliases.values())
+
+
+# -- small syntax helpers -----------------------------------------------------------------------
+
+
+def is_pure(node: cst.BaseExpression) -> bool:
+    """A receiver we may evaluate twice: names, attributes, subscripts by ints/names/plain slices."""
+    if isinstance(node, cst.Name):
+        return True
+    if isinstance(node, cst.Attribute):
+        return is_pure(node.value)
+    if isinstance(node, cst.Subscript):
+        for element in node.slice:
+            part = element.slice
+            if isinstance(part, cst.Index):
+                if not isinstance(part.value, (cst.Integer, cst.Name)) and not (
+                        isinstance(part.value, cst.UnaryOperation) and isinstance(part.value.expression, cst.Integer)):
+                    return False
+            elif isinstance(part, cst.Slice):
+                if any(p is not None and not isinstance(p, (cst.Integer, cst.Name, cst.UnaryOperation))
+                       for p in (part.lower, part.upper, part.step)):
+                    return False
+        return is_pure(node.value)
+    return False
+
+
+def same_code(ctx: RuleContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return _squash(ctx.code(a)) == _squash(ctx.code(b))
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text).strip("()")
+
+
+def mentions(ctx: RuleContext, expr: cst.BaseExpression, receiver: cst.BaseExpression) -> bool:
+    """Is `receiver` (textually) an operand of the comparison / mask call `expr`?"""
+    target = _squash(ctx.code(receiver))
+    operands: list[cst.BaseExpression] = []
+    if isinstance(expr, cst.Comparison):
+        operands = [expr.left] + [c.comparator for c in expr.comparisons]
+    elif isinstance(expr, cst.Call):
+        if isinstance(expr.func, cst.Attribute) and method_name(expr) in ("isnan", "isinf", "isfinite", "bool"):
+            operands = [expr.func.value]
+        elif ctx.qualname(expr.func) in ("torch.isnan", "torch.isinf", "torch.isfinite") and expr.args:
+            operands = [expr.args[0].value]
+    elif isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.BitInvert):
+        return mentions(ctx, expr.expression, receiver)
+    return any(_squash(ctx.code(o)) == target for o in operands)
+
+
+def mask_matches_receiver(ctx: RuleContext, mask: cst.BaseExpression, receiver: cst.BaseExpression) -> bool:
+    """The mask is provably shaped like the receiver: a comparison / isnan of the receiver itself, directly or
+    through a name assigned once from one (`neg = x < 0; x[neg] = 0`)."""
+    if mentions(ctx, mask, receiver):
+        return True
+    if isinstance(mask, cst.Name):
+        bindings = ctx.analysis.reaching_bindings(mask.value, ctx.ancestors)
+        if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
+            return mentions(ctx, bindings[0].value, receiver)
+    return False
+
+
+def aligned_mask(ctx: RuleContext, layout: MaskIndex, receiver: cst.BaseExpression) -> str | None:
+    """Source text of the mask broadcast-aligned to the receiver (catalog `_align`), or None when that would
+    evaluate a compound mask expression more than once."""
+    mask_text = ctx.code(layout.mask)
+    if layout.ellipsis:
+        return mask_text
+    if layout.leading == 0 and mask_matches_receiver(ctx, layout.mask, receiver):
+        return mask_text
+    if not isinstance(layout.mask, (cst.Name, cst.Attribute)) or not is_pure(layout.mask):
+        return None
+    offset = f" - {layout.leading}" if layout.leading else ""
+    return f"{mask_text}.reshape({mask_text}.shape + (1,) * ({ctx.code(receiver)}.dim(){offset} - {mask_text}.dim()))"
+
+
+def consumed_as_tensor(ctx: RuleContext, node: cst.CSTNode) -> bool:
+    """The current expression `node` is an argument of a torch / torch.nn.functional call or an nn.Module call,
+    or the receiver of a tensor-only method: then it is a tensor."""
+    ancestors = ctx.ancestors
+    try:
+        at = max(i for i, a in enumerate(ancestors) if a is node)
+    except ValueError:
+        return False
+    parent = ancestors[at - 1] if at >= 1 else None
+    if isinstance(parent, cst.Attribute) and parent.value is node and at >= 2:
+        call = ancestors[at - 2]
+        if isinstance(call, cst.Call) and call.func is parent:
+            return ctx.evidence.is_tensor(call) is True and parent.attr.value not in ("sum", "mean", "max", "min")
+        return False
+    if isinstance(parent, cst.Arg) and at >= 2 and isinstance(ancestors[at - 2], cst.Call):
+        call = ancestors[at - 2]
+        assert isinstance(call, cst.Call)
+        qual = ctx.qualname(call.func) or ""
+        if qual.startswith(("torch.nn.functional.", "torch.linalg.")):
+            return True
+        if qual.startswith("torch.") and qual.count(".") == 1 and qual[6:] in _TORCH_TENSOR_OPS:
+            return True
+        return ctx.evidence.is_module(call.func) is Confidence.HIGH
+    return False
+
+
+def under_no_grad(ctx: RuleContext) -> bool:
+    return ctx.inside_with("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad")
+
+
+def mask_site_evidence(ctx: RuleContext, receiver: cst.BaseExpression, mask: cst.BaseExpression,
+                       confidence: Confidence, consumed_as_tensor: bool = False) -> bool | None:
+    """Should a bool-mask site be reported? None: do not report. Otherwise: is the receiver tensor-evident?
+    Name-only masks and sites outside forward / compiled code need positive tensor evidence (of the receiver,
+    the mask, or, for reads, of the selection being consumed by a torch op)."""
+    receiver_is = tensor_verdict(ctx, receiver)
+    mask_is = tensor_verdict(ctx, mask)
+    if receiver_is is False or mask_is is False:
+        return None
+    receiver_is = receiver_is or consumed_as_tensor or None
+    evident = bool(receiver_is or mask_is)
+    kind = ctx.hot_kind()
+    if kind in (HotKind.FORWARD, HotKind.COMPILED):
+        if confidence is Confidence.HIGH or evident:
+            return bool(receiver_is)
+        return bool(receiver_is) if not numpy_in_file(ctx) else None
+    # training-step loops / functions: NumPy rollout buffers and Python lists live here
+    if evident:
+        return bool(receiver_is)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+_SINK_METHODS = {"item", "tolist", "numpy", "cpu"}
+_LOG_CALL = re.compile(r"(^|\.)(print|log|info|debug|warning|add_scalar|add_scalars|add_histogram|set_postfix)$")
+
+
+class BoolMaskIndexRead(Rule):
+    """
+    ## What it does
+    Finds boolean-mask reads `x[mask]` (and `x[mask] += v`, `torch.masked_select(x, mask)`) in the training
+    step, the forward pass or compiled code, where `mask` is a comparison, `isnan`/`logical_*` result or a
+    tensor named like a mask.
+
+    ## Why is this slow
+    The size of `x[mask]` depends on the data, so the GPU must report how many elements are selected before
+    the host can allocate the result: one host synchronization per read (measured on an H100 with
+    `torch.cuda.set_sync_debug_mode`). Under `torch.compile` the dynamic shape is a graph break
+    ("Dynamic shape operator") and CUDA-graph capture of the region fails.
+
+    ## Example
+    ```python
+    def forward(self, x, labels):
+        valid = labels != -100
+        return self.loss(x[valid], labels[valid])
+    ```
+
+    ## Use instead
+    Keep the full shape and mask arithmetically:
+    ```python
+    x[m].sum()      ->  x.masked_fill(~m, 0).sum()
+    x[m].mean(0)    ->  (x * w).sum(0) / w.sum(0).clamp_min(1)   # w = m[:, None].to(x.dtype)
+    x[m].max()      ->  x.masked_fill(~m, float("-inf")).max()
+    loss(x[m], y[m])  ->  loss(x, y.masked_fill(~m, ignore_index))   # losses with ignore_index
+    ```
+
+    ## Fix safety
+    No automatic fix: masked reductions return 0 instead of `nan` for an empty mask, and fp32 sums in a
+    different order (differences around 1e-8).
+    """
+
+    code = "GPU001"
+    name = "bool-mask-index-read"
+    message = "Boolean-mask read `x[mask]` has a data-dependent shape: one host sync and a graph break per call"
+    severity = Severity.WARNING
+    priority = "P1"
+    triggers = ("[",)
+    examples = [
+        Valid(  # masked arithmetic keeps the shape static
+            """
+            import torch
+            class Head(torch.nn.Module):
+                def forward(self, x, m):
+                    return x.masked_fill(~(m > 0), 0).sum()
+            """
+        ),
+        Valid(  # NumPy rollout buffer in an RL update loop
+            """
+            import numpy as np
+            rewards = np.zeros(128)
+            for epoch in range(10):
+                rewards[rewards > 1] = 1
+                adv = rewards[rewards > 0]
+                loss = policy(obs).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # outside the hot path
+            """
+            import torch
+            def summarize(x):
+                return x[x > 0].mean()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            class Head(torch.nn.Module):
+                def forward(self, x):
+                    return x[x > 0].sum()
+            """
+        ),
+        Invalid(
+            """
+            import torch.nn.functional as F
+            for data in loader:
+                out = model(data)
+                loss = F.nll_loss(out[data.train_mask], data.y[data.train_mask])
+                loss.backward()
+                optimizer.step()
+            """,
+            count=2,
+        ),
+    ]
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if not self.ctx.in_hot_region() or self._is_store(node):
+            return
+        self._check(node, node)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.target, cst.Subscript) and self.ctx.in_hot_region():
+            self._check(node.target, node.target)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.ctx.qualname(node.func) != "torch.masked_select" or len(node.args) < 2:
+            return
+        if not self.ctx.in_hot_region():
+            return
+        mask = node.args[1].value
+        confidence = mask_confidence(self.ctx, mask) or (
+            Confidence.HIGH if tensor_verdict(self.ctx, mask) else None)
+        if confidence is None:
+            return
+        if mask_site_evidence(self.ctx, node.args[0].value, mask, confidence) is None:
+            return
+        if self._sink(node):
+            return
+        self.report(node, "`torch.masked_select` has a data-dependent shape: one host sync and a graph break "
+                          "per call", severity=self._severity())
+
+    def _check(self, subscript: cst.Subscript, report_node: cst.CSTNode) -> None:
+        layout = mask_index_layout(subscript)
+        if layout is None:
+            return
+        confidence = mask_confidence(self.ctx, layout.mask)
+        if confidence is None:
+            return
+        if mask_site_evidence(self.ctx, subscript.value, layout.mask, confidence,
+                              consumed_as_tensor(self.ctx, subscript)) is None:
+            return
+        if self._sink(subscript) or self._gpu002_value(subscript):
+            return
+        self.report(report_node, severity=self._severity())
+
+    def _severity(self) -> Severity:
+        return Severity.INFO if under_no_grad(self.ctx) else Severity.WARNING
+
+    def _is_store(self, node: cst.Subscript) -> bool:
+        """Assignment / del / for targets (augmented assignment is handled as a read)."""
+        child: cst.CSTNode = node
+        for parent in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(parent, cst.AugAssign):
+                return parent.target is child
+            if isinstance(parent, (cst.AssignTarget, cst.Del)):
+                return True
+            if isinstance(parent, (cst.For, cst.CompFor)):
+                return parent.target is child
+            if isinstance(parent, cst.AnnAssign):
+                return parent.target is child
+            if not isinstance(parent, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+                return False
+            child = parent
+        return False
+
+    def _sink(self, node: cst.CSTNode) -> bool:
+        """The selection only feeds `.item()` / `.tolist()` / `.cpu()` / logging: a sync GPU005 reports."""
+        child = node
+        for parent in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(parent, cst.Attribute) and parent.value is child:
+                child = parent
+                continue
+            if isinstance(parent, cst.Call) and parent.func is child:
+                if method_name(parent) in _SINK_METHODS:
+                    return True
+                child = parent
+                continue
+            if isinstance(parent, cst.Arg):
+                child = parent
+                continue
+            if isinstance(parent, cst.Call) and child in parent.args:
+                name = dotted_name(parent.func) or ""
+                return bool(_LOG_CALL.search(name)) or name in ("float", "int", "bool")
+            if isinstance(parent, (cst.FormattedStringExpression,)):
+                return True
+            return False
+        return False
+
+    def _gpu002_value(self, node: cst.Subscript) -> bool:
+        """`x[m] = y[m]`: the read is part of the assignment GPU002 rewrites; report it once, there."""
+        parent = self.ctx.parent()
+        if not isinstance(parent, cst.Assign) or parent.value is not node or len(parent.targets) != 1:
+            return False
+        target = parent.targets[0].target
+        if not isinstance(target, cst.Subscript):
+            return False
+        mine, theirs = mask_index_layout(node), mask_index_layout(target)
+        return mine is not None and theirs is not None and mine.leading == theirs.leading and \
+            mine.ellipsis == theirs.ellipsis and same_code(self.ctx, mine.mask, theirs.mask)

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpulint import HotKind, Invalid, Rule, Severity, Valid
+from gpulint.analysis import call_arg, method_name
+from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
+
+# torch functions whose output size depends on the data (x[mask] and masked_select are GPU001)
+_FUNCTIONS = {"torch.nonzero": "nonzero", "torch.argwhere": "argwhere", "torch.unique": "unique",
+              "torch.unique_consecutive": "unique_consecutive", "torch.bincount": "bincount",
+              "torch.repeat_interleave": "repeat_interleave"}
+_METHODS = {"nonzero", "argwhere", "unique", "unique_consecutive", "bincount", "repeat_interleave"}
+
+
+class DynamicShapeOp(Rule):
+    """
+    ## What it does
+    Finds operators whose output size depends on tensor values in the training step, the forward pass or
+    compiled code: `nonzero`/`argwhere`, one-argument `torch.where(cond)`, `unique`/`unique_consecutive`,
+    `bincount` without `minlength`, and `repeat_interleave` with tensor repeats and no `output_size`.
+    (Boolean-mask indexing and `masked_select` are GPU001.)
+
+    ## Why is this slow
+    The host cannot size the output until the GPU has counted it, so each call synchronizes (an H100 shows one
+    synchronizing call per `nonzero`). Under `torch.compile` it is a graph break ("Dynamic shape operator")
+    and CUDA-graph capture fails.
+
+    ## Example
+    ```python
+    idx = (scores > thr).nonzero()
+    ```
+
+    ## Use instead
+    Keep shapes static: `torch.nonzero_static(x, size=K, fill_value=-1)` with a known bound, masked arithmetic
+    (`torch.where(cond, a, b)`), a fixed-size `topk`, `bincount(x, minlength=n)`, or
+    `repeat_interleave(..., output_size=n)`.
+
+    ## Fix safety
+    No automatic fix: a static size bound has to come from the model's semantics.
+    """
+
+    code = "GPU007"
+    name = "dynamic-shape-op"
+    message = "Data-dependent output shape: one host sync per call, a graph break under torch.compile"
+    severity = Severity.INFO
+    priority = "P2"
+    triggers = ("nonzero", "argwhere", "where(", "unique", "bincount", "repeat_interleave")
+    examples = [
+        Valid(  # static-size variants
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    idx = torch.nonzero_static(x > 0, size=8, fill_value=-1)
+                    counts = torch.bincount(idx.flatten() + 1, minlength=9)
+                    return torch.where(x > 0, x, 0.0), counts
+            """
+        ),
+        Valid(  # NumPy in a rollout loop
+            """
+            import numpy as np
+            for it in range(10):
+                dones = np.zeros(8)
+                finished = np.nonzero(dones)[0]
+                ids = np.unique(finished)
+                loss = agent(ids).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            class Router(torch.nn.Module):
+                def forward(self, x, scores):
+                    chosen = torch.where(scores > 0.5)[0]
+                    return x[chosen]
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            @torch.compile
+            def count(labels):
+                ids = torch.unique(labels)
+                return ids.numel()
+            """
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        op = self._dynamic_op(node)
+        if op is None or not self.ctx.in_hot_region():
+            return
+        severity = Severity.WARNING if self.ctx.is_compiled() else Severity.INFO
+        self.report(node, f"`{op}` has a data-dependent output shape: one host sync per call, a graph break "
+                          f"under torch.compile", severity=severity)
+
+    def _dynamic_op(self, node: cst.Call) -> str | None:
+        qual = self.ctx.qualname(node.func) or ""
+        if qual == "torch.where":
+            positional = [a for a in node.args if a.keyword is None and not a.star]
+            return "torch.where(cond)" if len(node.args) == 1 and len(positional) == 1 else None
+        if qual in _FUNCTIONS:
+            op = _FUNCTIONS[qual]
+            return None if self._bounded(op, node, function=True) else f"torch.{op}"
+        if qual.startswith(("numpy.", "np.")) or qual:
+            return None  # np.nonzero, pandas, ... (a qualified name that is not torch's)
+        name = method_name(node)
+        if name not in _METHODS or not isinstance(node.func, cst.Attribute):
+            return None
+        receiver = tensor_verdict(self.ctx, node.func.value)
+        if receiver is False:
+            return None
+        if receiver is None and not (self.ctx.hot_kind() in (HotKind.FORWARD, HotKind.COMPILED)
+                                     and not numpy_in_file(self.ctx)):
+            return None  # `.nonzero()` / `.unique()` exist on NumPy arrays and pandas objects too
+        return None if self._bounded(name, node, function=False) else f".{name}()"
+
+    def _bounded(self, op: str, node: cst.Call, *, function: bool) -> bool:
+        """Forms with a static output size."""
+        if op == "bincount":
+            return call_arg(node, "minlength", 2 if function else 1) is not None
+        if op == "repeat_interleave":
+            if call_arg(node, "output_size") is not None:
+                return True
+            repeats = call_arg(node, "repeats", 1 if function else 0)
+            if repeats is None:
+                return not function or len(node.args) != 1  # torch.repeat_interleave(repeats_tensor)
+            if isinstance(repeats.value, (cst.Integer, cst.UnaryOperation)):
+                return True
+            return tensor_verdict(self.ctx, repeats.value) is not True
+        return False

@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from gpulint import HotKind, Invalid, Rule, Severity, Valid
+from gpulint.analysis import BindingKind, method_name
+from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
+
+# Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
+_TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",
+                 "logical_or", "logical_not", "bool", "sum", "mean", "max", "min", "amax", "amin", "count_nonzero"}
+_TORCH_TESTS = {"torch.any", "torch.all", "torch.isnan", "torch.isinf", "torch.isfinite", "torch.logical_and",
+                "torch.logical_or", "torch.logical_not", "torch.count_nonzero", "torch.eq", "torch.ne", "torch.gt",
+                "torch.ge", "torch.lt", "torch.le", "torch.isin"}
+
+
+class TensorPythonBranch(Rule):
+    """
+    ## What it does
+    Finds Python control flow on tensor values in the training step, the forward pass or compiled code:
+    `if (x > 0).any():`, `while err.max() > tol:`, `assert torch.isfinite(loss).all()`, `a if t > 0 else b`,
+    and `and` / `or` / `not` on tensors. Tests on metadata (`.shape`, `.size()`, `.dim()`, `.numel()`,
+    `.dtype`, `.device`, `.requires_grad`, `self.training`), `is None`, `isinstance` and Python numbers are
+    not reported.
+
+    ## Why is this slow
+    Python needs a `bool`, so the tensor is copied to the host: the CPU waits for every queued kernel before
+    it can choose a branch (one sync per evaluation). Under `torch.compile` a data-dependent branch is a graph
+    break (`generic_jump TensorVariable()`; with `fullgraph=True` an error), and it prevents CUDA-graph capture.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        if torch.isnan(x).any():
+            x = torch.nan_to_num(x)
+        return self.net(x)
+    ```
+
+    ## Use instead
+    Compute both outcomes and select on the device, or assert asynchronously:
+    ```python
+    def forward(self, x):
+        x = torch.nan_to_num(x)          # a no-op where there is no NaN
+        return self.net(x)
+
+    torch._assert_async(torch.isfinite(loss).all())   # instead of `assert torch.isfinite(loss).all()`
+    y = torch.where(t > 0, a, b)                       # instead of `a if t > 0 else b`
+    ```
+    `torch.cond(pred, true_fn, false_fn)` keeps a real branch inside a compiled graph.
+
+    ## Fix safety
+    No automatic fix: the replacement computes both branches (cost, side effects) or changes when an error is
+    raised.
+    """
+
+    code = "GPU006"
+    name = "tensor-python-branch"
+    message = "Python branch on a tensor value syncs the host (and breaks the graph under torch.compile)"
+    severity = Severity.INFO
+    priority = "P2"
+    triggers = ("if ", "while ", "assert ", " and ", " or ", "not ")
+    examples = [
+        Valid(  # metadata, None checks and the training flag are static
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x, mask=None):
+                    if x.dim() == 3 and x.size(0) > 1 and mask is not None:
+                        x = x.flatten(1)
+                    if self.training and x.shape[-1] > 4:
+                        x = x * 2
+                    return x
+            """
+        ),
+        Valid(  # Python numbers after .item()
+            """
+            for batch in loader:
+                loss = model(batch).mean()
+                loss.backward()
+                optimizer.step()
+                value = loss.item()
+                if value > 10:
+                    print("diverging")
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    if torch.isnan(x).any():
+                        x = torch.nan_to_num(x)
+                    return x
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            @torch.compile
+            def step(x, t):
+                y = torch.sigmoid(x)
+                assert (y >= 0).all()
+                return y if (t > 0).any() else -y
+            """,
+            count=2,
+        ),
+    ]
+
+    def visit_If(self, node: cst.If) -> None:
+        self._test(node.test)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._test(node.test)
+
+    def visit_Assert(self, node: cst.Assert) -> None:
+        self._test(node.test)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._test(node.test)
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        # operands of `and`/`or` in a test position are judged through _test; the value of `a or b`
+        # elsewhere calls bool(a) (and maybe bool(b)) as well
+        parent = self.ctx.parent()
+        if isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp, cst.BooleanOperation)) or (
+                isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)):
+            return
+        self._test(node)
+
+    def _test(self, test: cst.BaseExpression) -> None:
+        if not self.ctx.in_hot_region():
+            return
+        for operand in _operands(test):
+            if self._tensor_valued(operand):
+                kind = self.ctx.hot_kind()
+                severity = Severity.WARNING if self.ctx.is_compiled() or kind is HotKind.COMPILED else Severity.INFO
+                self.report(operand, severity=severity)
+
+    def _tensor_valued(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Call):
+            if isinstance(node.func, cst.Name) and node.func.value == "bool" and len(node.args) == 1:
+                return self._tensor_valued(node.args[0].value)
+            qual = self.ctx.qualname(node.func) or ""
+            if qual in _TORCH_TESTS:
+                return True
+            name = method_name(node)
+            if name in _TENSOR_TESTS and isinstance(node.func, cst.Attribute):
+                receiver = node.func.value
+                verdict = tensor_verdict(self.ctx, receiver)
+                if verdict is True:
+                    return True
+                if verdict is None and name in ("any", "all") and self._lenient():
+                    return True  # `mask.any()` in forward: tensors are the norm there
+                return False
+            return False
+        if isinstance(node, cst.Comparison):
+            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
+                return False
+            return tensor_verdict(self.ctx, node) is True
+        if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
+            return tensor_verdict(self.ctx, node) is True and self._bool_of_tensor_is_meant(node)
+        return False
+
+    def _lenient(self) -> bool:
+        return self.ctx.hot_kind() in (HotKind.FORWARD, HotKind.COMPILED) and not numpy_in_file(self.ctx)
+
+    def _bool_of_tensor_is_meant(self, node: cst.BaseExpression) -> bool:
+        """`if t:` on a tensor name: only for names assigned once from a tensor test (`bad = x.isnan().any()`)."""
+        if not isinstance(node, cst.Name):
+            return False
+        bindings = self.ctx.analysis.reaching_bindings(node.value, self.ctx.ancestors)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
+            return False
+        value = bindings[0].value
+        return not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and self._tensor_valued(value)
+
+
+def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The expressions Python calls bool() on: operands of and/or, the operand of not."""
+    if isinstance(test, cst.BooleanOperation):
+        return _operands(test.left) + _operands(test.right)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _operands(test.expression)
+    return [test]
