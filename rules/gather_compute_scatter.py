@@ -338,6 +338,22 @@ class _Site:
                     self.chain.append(statement)
                     computed = True
         value = self.assign.value
+        # keep only the statements the scattered value depends on
+        needed = names_in(value) & self.compacted
+        kept: list[cst.SimpleStatementLine] = []
+        for statement in reversed(self.chain):
+            small = statement.body[0]
+            targets = names_in(small.targets[0].target) if isinstance(small, cst.Assign) else \
+                names_in(small.target) if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else set()
+            if targets & needed:
+                kept.append(statement)
+                if isinstance(small, cst.Assign):
+                    needed -= targets
+                needed |= names_in(small.value) & self.compacted if small.value is not None else set()
+        self.chain = kept[::-1]
+        self.compacted = set().union(*(names_in(s.body[0].targets[0].target) if isinstance(s.body[0], cst.Assign)
+                                       else set() for s in self.chain)) if self.chain else set()
+        computed = any(_computes(s.body[0].value) for s in self.chain if s.body[0].value is not None)
         if not self._touches(value):
             return False
         if self._is_gather(value):
@@ -363,8 +379,7 @@ class _Site:
                 if isinstance(small, cst.Assign) and (len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name)):
                     return "a selected value is unpacked or stored outside a local name"
                 continue
-            if index > first_chain and (names_in(statement) & self.compacted
-                                        or any(self._is_gather(n) for n in walk(statement))):
+            if index > first_chain and names_in(statement) & self.compacted:
                 return "the selected values are used by another statement"
         if self.guard is not None:
             if self.guard.orelse is not None:
@@ -401,13 +416,44 @@ class _Site:
         if issue:
             return issue
         self.nan_prone = bool(checker.nan_prone)
+        mutated = self._mutated_later()
+        if mutated:
+            return (f"`{mutated}` is changed in place later in the function; computing on the whole of it would "
+                    f"make autograd's saved tensor stale")
         # the scattered-into tensor must be a fresh local
         out = self.target.value
         if not isinstance(out, cst.Name):
             return "the scatter writes into an attribute or a view; an in-place write may be seen elsewhere"
         allocation = self._fresh_allocation(out.value)
         if allocation is None:
-            return f"`{out.value}` is not a fresh local tensor (a parameter, view or alias); the in-place write may be seen elsewhere"
+            return (f"`{out.value}` is not a tensor allocated in this function and untouched until the scatter "
+                    f"(a parameter, view or alias sees the in-place write)")
+        return None
+
+    def _mutated_later(self) -> str | None:
+        """A gathered tensor `x` (of `x[m]`) written in place after the computation starts: `f(x)` would save
+        `x` itself for backward, where the original saved the copy `x[m]`."""
+        fn = next((a for a in reversed(self.ctx.ancestors) if isinstance(a, cst.FunctionDef)), None)
+        if fn is None:
+            return None
+        bases = {code_of(n.value) for s in [*self.chain, self.assign.value] for n in walk(s) if self._is_gather(n)}
+        start = min((self.a.order.get(id(s), 0) for s in [*self.chain, self.statement]), default=0)
+        current = 0
+        for node in walk(fn.body):
+            current = self.a.order.get(id(node), current)
+            if current <= start:
+                continue
+            written: list[cst.BaseExpression] = []
+            if isinstance(node, cst.Assign) and node is not self.assign:
+                written = [t.target.value for t in node.targets if isinstance(t.target, cst.Subscript)]
+            elif isinstance(node, cst.AugAssign):
+                written = [node.target.value if isinstance(node.target, cst.Subscript) else node.target]
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_"):
+                written = [node.func.value]
+            for target in written:
+                if code_of(target) in bases:
+                    return cst.Module(body=[]).code_for_node(target)
         return None
 
     def _statements_after(self) -> list[cst.CSTNode]:

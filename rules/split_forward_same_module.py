@@ -39,10 +39,12 @@ class ModuleFacts:
     blocker: str | None = None  # never batchable: recurrent state, sequence-first attention, state written in forward
     cross_row: str | None = None  # forward mixes rows (reduction over the batch dimension)
     outputs: int | None = None  # 1: one tensor; k >= 2: a k-tuple; None: unknown
+    loss: bool = False  # a loss module (`nn.MSELoss()`): not a network to batch
 
     def merge(self, other: "ModuleFacts") -> "ModuleFacts":
         return ModuleFacts(self.known and other.known, self.coupling or other.coupling,
-                           self.blocker or other.blocker, self.cross_row or other.cross_row, self.outputs)
+                           self.blocker or other.blocker, self.cross_row or other.cross_row,
+                           self.outputs if self.outputs is not None else other.outputs, self.loss)
 
 
 UNKNOWN = ModuleFacts(known=False)
@@ -83,7 +85,8 @@ class ModuleResolver:
             method = self._method(info.node, callee.attr.value)
             if method is not None and info.is_module:
                 # `self.forward_once(x)`: a method of this module; the module itself decides
-                return self.of_class(info.node.name.value).merge(ModuleFacts(outputs=_returns_arity(method)))
+                facts = self.of_class(info.node.name.value)
+                return ModuleFacts(facts.known, facts.coupling, facts.blocker, facts.cross_row, _returns_arity(method))
             return None
         if isinstance(callee, cst.Name):
             bindings = self.a.bindings_of(callee.value, ancestors)
@@ -157,6 +160,12 @@ class ModuleResolver:
             elif kind == "MultiheadAttention" and rate is not None and not _is_zero(rate.value):
                 facts = facts.merge(ModuleFacts(coupling="dropout"))
             return facts
+        if kind.endswith("Loss"):
+            reduction = call_arg(call, "reduction")
+            if reduction is not None and isinstance(reduction.value, cst.SimpleString) \
+                    and reduction.value.value.strip("'\"") == "none":
+                return ModuleFacts(outputs=1, loss=True)
+            return ModuleFacts(outputs=1, loss=True, cross_row="a loss that reduces over the batch")
         if kind in _CONTAINERS:
             facts = ModuleFacts(outputs=1 if kind == "Sequential" else None)
             for arg in call.args:
@@ -220,6 +229,12 @@ class ModuleResolver:
                 facts = facts.merge(self.of_class(base))
             elif not (base.startswith("torch.nn.") or base in ("nn.Module", "Module")):
                 facts = facts.merge(UNKNOWN)
+        for attr, bindings in info.attrs.items():
+            for binding in bindings:
+                value = binding.value
+                if binding.kind is BindingKind.ASSIGN and isinstance(value, cst.Call) \
+                        and self.of_construction(value, info.node) is None and _may_build_module(self.a, value):
+                    facts = facts.merge(UNKNOWN)  # `self.backbone = torchvision.models.resnet18()`
         for call in iter_calls(info.node, into_functions=True):
             qual = self.a.call_qualname(call) or ""
             last = qual.rsplit(".", 1)[-1]
@@ -260,6 +275,22 @@ class ModuleResolver:
             if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
                 return statement
         return None
+
+
+_PLAIN_BUILTINS = {"int", "float", "bool", "str", "list", "dict", "tuple", "set", "len", "range", "max", "min",
+                   "sum", "abs", "round", "getattr", "isinstance", "super", "print", "sorted", "zip", "enumerate"}
+
+
+def _may_build_module(a: FileAnalysis, call: cst.Call) -> bool:
+    """Could `self.x = call` store a network gpulint cannot see (an imported model or factory)?"""
+    qual = a.call_qualname(call) or ""
+    if qual.startswith(("torch.", "numpy.", "np.", "math.", "collections.", "itertools.", "functools.")):
+        return False
+    if isinstance(call.func, cst.Name) and call.func.value in _PLAIN_BUILTINS:
+        return False
+    if isinstance(call.func, cst.Attribute) and not qual:
+        return False  # a method of a local object: `x.clone()`, `cfg.get(...)`
+    return True
 
 
 def _outer_calls(node: cst.BaseExpression) -> Iterator[cst.Call]:
@@ -778,7 +809,7 @@ class SplitForwardSameModule(Rule):
         if kind is None:
             return
         differing = self._differing(calls)  # type: ignore[arg-type]
-        if differing is None:
+        if differing is None or not self._feeds_network(first, kind, differing):
             return
         facts, why_not = self._facts_and_blockers(first, kind, differing, calls)  # type: ignore[arg-type]
         statement = self.ctx.parent()
@@ -855,6 +886,8 @@ class SplitForwardSameModule(Rule):
             return
         kind = self._callee_kind(calls[0])
         assert kind is not None
+        if not self._feeds_network(calls[0], kind, differing):
+            return
         facts, why_not = self._facts_and_blockers(calls[0], kind, differing, calls)
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
@@ -881,11 +914,33 @@ class SplitForwardSameModule(Rule):
         differing = [i for i in range(len(positional[0])) if len({code_of(p[i].value) for p in positional}) > 1]
         if not differing:
             return None
+        for i in differing:
+            # `net(self.src_embed(src))`, `net(self.tgt_embed(tgt))`: different kinds of data (other shapes)
+            producers = {code_of(p[i].value.func) if isinstance(p[i].value, cst.Call) else None for p in positional}
+            if len(producers) > 1 and not producers <= {None}:
+                return None
         # the same batch twice (`net(x)` and `net(x)`) is a different problem
         texts = [tuple(code_of(p[i].value) for i in differing) for p in positional]
         if len(set(texts)) != len(texts):
             return None
         return differing
+
+    def _feeds_network(self, call: cst.Call, kind: str, differing: list[int]) -> bool:
+        """For a wrapper function: does a differing argument reach the network call inside it? (`test(model,
+        data, mask_train)` and `test(model, data, mask_val)` run the same batch; the mask only selects outputs.)"""
+        if kind != "wrapper":
+            return True
+        fn = self.ctx.analysis.functions[dotted_name(call.func) or ""][0]
+        params = [p.name.value for p in fn.params.params]
+        tracked = {params[i] for i in differing if i < len(params)}
+        networks = _module_params(self.ctx.analysis, fn)
+        for node in walk(fn.body):
+            if isinstance(node, cst.Assign) and names_in(node.value) & tracked:
+                tracked |= {n.value for t in node.targets for n in walk(t.target) if isinstance(n, cst.Name)}
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in networks \
+                    and any(names_in(arg.value) & tracked for arg in node.args):
+                return True
+        return False
 
     def _callee_kind(self, call: cst.Call) -> str | None:
         """'module' for a network, 'wrapper' for a same-file function that runs one, None otherwise."""
@@ -899,7 +954,7 @@ class SplitForwardSameModule(Rule):
             return None
         facts = self.modules.of_callee(func, self.ctx.ancestors)
         if facts is not None:
-            return "module"
+            return None if facts.loss else "module"
         if isinstance(func, (cst.Name, cst.Attribute)):
             last = func.value if isinstance(func, cst.Name) else func.attr.value
             if _MODULE_NAME.search(last):
@@ -937,6 +992,8 @@ class SplitForwardSameModule(Rule):
         facts = self._eval_mode(call.func, facts)
         if facts.blocker:
             return facts, f"not batchable: {facts.blocker}"
+        if facts.cross_row:
+            return facts, f"not batchable: the network's forward has {facts.cross_row}"
         positional = [a for a in call.args if a.keyword is None]
         if len(differing) != len(positional):
             return facts, "some positional arguments are shared between the calls; they may be batch-shaped"
@@ -951,7 +1008,7 @@ class SplitForwardSameModule(Rule):
                     f"(one call would normalise over / draw randomness for both batches together)")
         if not facts.known:
             return (f"the definition of `{text}` is not visible; if it has BatchNorm or dropout, one batched "
-                    f"call changes results in training mode (call `{text}.eval()` first if this is evaluation)")
+                    f"call changes results in training mode (if this is evaluation, call `.eval()` on it first)")
         return None
 
     def _eval_mode(self, module: cst.BaseExpression, facts: ModuleFacts) -> ModuleFacts:
@@ -1081,25 +1138,11 @@ class SplitForwardSameModule(Rule):
             value = [a for a in call.args if a.keyword is None][position].value
             if _is_list(self.ctx.analysis, self.ctx.ancestors, value):
                 kinds.add("list")
-            elif evidence.is_tensor(value) or (kind == "module" and self._is_tensor_like(value)):
+            elif evidence.is_tensor(value) or kind == "module":  # what a network is called on is a tensor
                 kinds.add("tensor")
             else:
                 return None
         return kinds.pop() if len(kinds) == 1 else None
-
-    def _is_tensor_like(self, node: cst.BaseExpression) -> bool:
-        """Attributes of a rollout/batch object, slices and names in the training loop are tensors here."""
-        if isinstance(node, cst.Subscript):
-            return self._is_tensor_like(node.value)
-        if isinstance(node, cst.Attribute):
-            return True
-        if isinstance(node, cst.Name):
-            bindings = self.ctx.analysis.reaching_bindings(node.value, self.ctx.ancestors)
-            if any(b.kind is BindingKind.ASSIGN and b.value is not None and _is_list_value(b.value) for b in bindings):
-                return False
-            return any(b.kind in (BindingKind.FOR, BindingKind.UNPACK, BindingKind.PARAM) for b in bindings) or \
-                self.ctx.evidence.is_cpu_source(node)
-        return False
 
     def _merged_call(self, call: cst.Call, differing: list[int], calls: Sequence[cst.Call],
                      batch_kind: str = "tensor") -> str:
@@ -1250,9 +1293,12 @@ def _fresh_name(a: FileAnalysis, calls: Sequence[cst.CSTNode], choices: Sequence
 
 
 def _module_params(a: FileAnalysis, fn: cst.FunctionDef) -> set[str]:
-    """Parameters of `fn` that it calls (the network it wraps)."""
+    """The parameter of `fn` it calls first: the network it wraps (a later `criterion(out, y)` is not)."""
     params = {p.name.value for p in fn.params.params}
-    return {c.func.value for c in iter_calls(fn.body) if isinstance(c.func, cst.Name) and c.func.value in params}
+    for node in walk(fn.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in params:
+            return {node.func.value}
+    return set()
 
 
 def _wraps_module(a: FileAnalysis, fn: cst.FunctionDef) -> bool:
