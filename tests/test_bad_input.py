@@ -11,7 +11,7 @@ GOOD = "import torch\nfor x, y in loader:\n    x = x.to('cuda')\n    x.sum().bac
 
 
 def gpulint(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "gpulint", *args, "--select", "GPU011", "--output-format", "concise"],
+    return subprocess.run([sys.executable, "-m", "gpulint", *args, "--select", "GPU011", "--output-format", "concise", "--no-cache"],
                           capture_output=True, text=True, cwd=cwd)
 
 
