@@ -20,6 +20,12 @@ _WRAPPER_METHODS = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", 
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
 _BATCH_NORM = re.compile(r"^(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd)$")
 _DROPOUT = re.compile(r"^(Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
+_SHAPED = re.compile(r"^(Conv(Transpose)?\dd|LazyConv(Transpose)?\dd|Embedding|EmbeddingBag)$")
+_PARAMETER_FREE = re.compile(r"^(ReLU\d?|GELU|SiLU|Mish|ELU|SELU|CELU|LeakyReLU|PReLU_|Tanh|Sigmoid|Softplus|Softsign|"
+                             r"Hardtanh|Hardswish|Hardsigmoid|LogSigmoid|Softmax\d?d?|LogSoftmax|Identity|Flatten|"
+                             r"Unflatten|(Adaptive)?(Max|Avg|LP)Pool\dd|Upsample\w*|PixelShuffle|PixelUnshuffle|"
+                             r"ZeroPad\dd|ConstantPad\dd|ReflectionPad\dd|ReplicationPad\dd|ChannelShuffle|"
+                             r"Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout|Threshold|GLU|Tanhshrink|Softshrink|Hardshrink)$")
 _RECURRENT = {"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"}
 _ATTENTION = {"Transformer", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
               "TransformerDecoder", "MultiheadAttention"}
@@ -40,11 +46,14 @@ class ModuleFacts:
     cross_row: str | None = None  # forward mixes rows (reduction over the batch dimension)
     outputs: int | None = None  # 1: one tensor; k >= 2: a k-tuple; None: unknown
     loss: bool = False  # a loss module (`nn.MSELoss()`): not a network to batch
+    shaped: str | None = None  # layers whose inputs may differ in more than the batch size (conv, tokens)
+    parametric: bool = True  # has weights; `nn.ReLU()`, `nn.MaxPool2d(2)` are not networks
 
     def merge(self, other: "ModuleFacts") -> "ModuleFacts":
         return ModuleFacts(self.known and other.known, self.coupling or other.coupling,
                            self.blocker or other.blocker, self.cross_row or other.cross_row,
-                           self.outputs if self.outputs is not None else other.outputs, self.loss)
+                           self.outputs if self.outputs is not None else other.outputs, self.loss,
+                           self.shaped or other.shaped, self.parametric or other.parametric)
 
 
 UNKNOWN = ModuleFacts(known=False)
@@ -167,17 +176,20 @@ class ModuleResolver:
                 return ModuleFacts(outputs=1, loss=True)
             return ModuleFacts(outputs=1, loss=True, cross_row="a loss that reduces over the batch")
         if kind in _CONTAINERS:
-            facts = ModuleFacts(outputs=1 if kind == "Sequential" else None)
+            facts = ModuleFacts(outputs=1 if kind == "Sequential" else None, parametric=False)
             for arg in call.args:
                 for inner_call in _outer_calls(arg.value):
                     inner = self.of_construction(inner_call, owner, depth + 1)
                     if inner is not None:
-                        facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row))
+                        facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row,
+                                                        shaped=inner.shaped, parametric=inner.parametric))
                 if isinstance(arg.value, cst.Name):
                     inner = self._resolve_argument(arg.value, call, owner, depth)
                     facts = facts.merge(inner or UNKNOWN)
             return facts
-        return ModuleFacts(outputs=1)
+        if _SHAPED.match(kind):
+            return ModuleFacts(outputs=1, shaped=f"`nn.{kind}` (inputs may differ in spatial size or length)")
+        return ModuleFacts(outputs=1, parametric=not _PARAMETER_FREE.match(kind))
 
     def _resolve_argument(self, node: cst.BaseExpression | None, call: cst.Call, owner: cst.ClassDef | None,
                           depth: int) -> ModuleFacts | None:
@@ -248,7 +260,8 @@ class ModuleResolver:
                 continue
             inner = self.of_construction(call, info.node)
             if inner is not None:
-                facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row))
+                facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row,
+                                                shaped=inner.shaped))
         forward = self._method(info.node, "forward")
         if forward is not None:
             facts = facts.merge(ModuleFacts(outputs=_returns_arity(forward)))
@@ -954,7 +967,7 @@ class SplitForwardSameModule(Rule):
             return None
         facts = self.modules.of_callee(func, self.ctx.ancestors)
         if facts is not None:
-            return None if facts.loss else "module"
+            return None if facts.loss or not facts.parametric else "module"
         if isinstance(func, (cst.Name, cst.Attribute)):
             last = func.value if isinstance(func, cst.Name) else func.attr.value
             if _MODULE_NAME.search(last):
@@ -994,6 +1007,9 @@ class SplitForwardSameModule(Rule):
             return facts, f"not batchable: {facts.blocker}"
         if facts.cross_row:
             return facts, f"not batchable: the network's forward has {facts.cross_row}"
+        if facts.shaped:
+            return facts, (f"the network has {facts.shaped}: `torch.cat` needs every dimension but the batch to "
+                           f"match, which gpulint cannot check")
         positional = [a for a in call.args if a.keyword is None]
         if len(differing) != len(positional):
             return facts, "some positional arguments are shared between the calls; they may be batch-shaped"
