@@ -945,6 +945,8 @@ class SplitForwardSameModule(Rule):
             return True
         fn = self.ctx.analysis.functions[dotted_name(call.func) or ""][0]
         params = [p.name.value for p in fn.params.params]
+        if any(i < len(params) and params[i] in _module_params(self.ctx.analysis, fn) for i in differing):
+            return False  # `penalty(D_A, ...)`, `penalty(D_B, ...)`: different networks
         tracked = {params[i] for i in differing if i < len(params)}
         networks = _module_params(self.ctx.analysis, fn)
         for node in walk(fn.body):
