@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Invalid, Rule, Safety, Severity, Valid
+from gpulint.analysis import call_arg, string_value
+
+_CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+_TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$|conftest\.py$")
+# A helper whose whole purpose is determinism: whoever calls it decides (often under a flag).
+_DETERMINISM_HELPER = re.compile(r"determin|reproduc", re.I)
+_TRAINING = re.compile(r"\.backward\(")
+# `if` tests that are a reproducibility switch (`--deterministic`, `--seed`, debug runs); `if using_cuda:` is not.
+_SWITCH = re.compile(r"determin|reproduc|seed|debug|exact|bitwise|benchmark|fast|strict", re.I)
+
+
+class DeterministicModeInTraining(Rule):
+    """
+    ## What it does
+    Finds deterministic-kernel settings switched on unconditionally in a training program:
+    `torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)` and
+    `os.environ["CUBLAS_WORKSPACE_CONFIG"] = ...` (often inside a `set_seed` helper, next to
+    `cudnn.benchmark = False`). Settings behind a reproducibility switch (`if args.deterministic:`,
+    `if args.seed is not None:`) are fine and not reported; `if using_cuda:` is not such a switch.
+
+    ## Why is this slow
+    Deterministic mode restricts cuDNN and cuBLAS to deterministic algorithms, which can be slower, and
+    `use_deterministic_algorithms(True)` makes ops such as `index_put_(accumulate=True)` and scatter-add fall
+    back to slower deterministic implementations (Inductor also disables CUDA graphs for some of them). That
+    is the right trade-off for a reproducibility run, not for every throughput run.
+
+    ## Example
+    ```python
+    def set_seed(seed):
+        torch.manual_seed(seed)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    ```
+
+    ## Use instead
+    ```python
+    def set_seed(seed, deterministic=False):
+        torch.manual_seed(seed)
+        if deterministic:  # --deterministic for reproducibility runs only
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+    ```
+
+    ## Fix safety
+    Suggestion only: whether a run must be bitwise reproducible is the author's decision.
+    """
+
+    code = "GPU035"
+    name = "deterministic-mode-in-training"
+    message = "Deterministic kernels forced on for every training run; put them behind a flag"
+    severity = Severity.INFO
+    safety = Safety.SUGGEST
+    priority = "P3"
+    default_enabled = False
+    triggers = ("deterministic", _CUBLAS_ENV)
+    examples = [
+        Valid(
+            """
+            import torch
+            def setup(args):
+                if args.deterministic:
+                    torch.backends.cudnn.deterministic = True
+            loss.backward()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            torch.backends.cudnn.deterministic = args.torch_deterministic
+            loss.backward()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            def set_seed(seed):
+                torch.manual_seed(seed)
+                torch.backends.cudnn.deterministic = True
+                torch.backends.cudnn.benchmark = False
+            def train(model, loader, opt):
+                for x, y in loader:
+                    model(x, y).backward()
+                    opt.step()
+            """
+        ),
+    ]
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            expr = target.target
+            if self.ctx.qualname(expr) == "torch.backends.cudnn.deterministic" and _is_true(node.value):
+                self._maybe_report(node)
+            elif self._is_cublas_env(expr):
+                self._maybe_report(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qual = self.ctx.qualname(node.func)
+        if qual == "torch.use_deterministic_algorithms":
+            mode = call_arg(node, "mode", 0)
+            if mode is not None and _is_true(mode.value):
+                self._maybe_report(node)
+        elif qual in ("os.environ.setdefault", "os.putenv") and node.args \
+                and string_value(node.args[0].value) == _CUBLAS_ENV:
+            self._maybe_report(node)
+
+    def _is_cublas_env(self, expr: cst.BaseExpression) -> bool:
+        return isinstance(expr, cst.Subscript) and self.ctx.qualname(expr.value) == "os.environ" \
+            and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
+            and string_value(expr.slice[0].slice.value) == _CUBLAS_ENV
+
+    def _maybe_report(self, node: cst.CSTNode) -> None:
+        if _TEST_PATH.search(self.ctx.path) or not self.ctx.program.search(_TRAINING):
+            return
+        for ancestor in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(ancestor, cst.If) and _SWITCH.search(self.ctx.code(ancestor.test)):
+                return  # behind a reproducibility switch: already a decision
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                if isinstance(ancestor, cst.FunctionDef) and _DETERMINISM_HELPER.search(ancestor.name.value):
+                    return
+                break
+        self.report(node)
+
+
+def _is_true(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "True"
