@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Invalid, Rule, Safety, Severity, Valid
+from gpulint.analysis import dotted_name
+
+_EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
+_DEVICE_GUARD = re.compile(r"cuda|is_available|device|gpu|accelerator", re.I)
+
+
+def gated(ancestors: list[cst.CSTNode]) -> bool:
+    """Inside an `if` that is more than a CUDA-availability guard, or an `except`/`finally`, within the
+    current function: the call runs on a condition (a flag, every N steps, after an OOM), not every step."""
+    for node in reversed(ancestors[:-1]):
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        if isinstance(node, (cst.ExceptHandler, cst.Finally, cst.IfExp)):
+            return True
+        if isinstance(node, cst.If) and not _device_guard(node.test):
+            return True
+    return False
+
+
+def _device_guard(test: cst.BaseExpression) -> bool:
+    """`if torch.cuda.is_available():`, `if device.type == "cuda":`, `if args.cuda:`."""
+    names: list[str] = []
+    stack: list[cst.CSTNode] = [test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            text = dotted_name(node)
+            if text:
+                names.append(text)
+                continue
+        if isinstance(node, cst.SimpleString):
+            names.append(node.value)
+            continue
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            return False
+        stack.extend(node.children)
+    return bool(names) and all(_DEVICE_GUARD.search(n) for n in names)
+
+
+def in_loader_loop(ctx) -> bool:
+    """Inside (the same function) a loop over a DataLoader-like iterable: once per batch."""
+    evidence = ctx.evidence
+    for node in reversed(ctx.ancestors[:-1]):
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.For) and evidence.is_loader(node.iter):
+            return True
+    return False
+
+
+class EmptyCacheInLoop(Rule):
+    """
+    ## What it does
+    Finds `torch.cuda.empty_cache()` called on every iteration of a training loop (or a per-batch loop, or a
+    `forward`), unconditionally.
+
+    ## Why is this slow
+    `empty_cache()` hands every cached, currently unused block back to the driver. The next iteration needs
+    the same blocks again and has to get them with fresh `cudaMalloc` calls, which are slow and synchronize
+    the device. It does not give the training process more memory: the CUDA notes say the memory occupied
+    by tensors "will not be freed so it can not increase the amount of GPU memory available for PyTorch".
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.empty_cache()
+    ```
+
+    ## Use instead
+    Remove the call. If another process shares the GPU, release the cache at most once per epoch, or cap this
+    process with `torch.cuda.set_per_process_memory_fraction`.
+
+    ## Fix safety
+    No automatic fix: other processes on the same GPU may rely on the memory being returned. Calls behind a
+    condition (a flag, every N steps, after an out-of-memory error) are not reported.
+    """
+
+    code = "GPU072"
+    name = "empty-cache-in-loop"
+    message = "`torch.cuda.empty_cache()` on every step forces fresh cudaMalloc calls next step; remove it"
+    severity = Severity.INFO
+    safety = Safety.SUGGEST
+    priority = "P3"
+    default_enabled = False
+    triggers = ("empty_cache",)
+    examples = [
+        Valid(
+            """
+            import torch
+            for epoch in range(epochs):
+                for x, y in loader:
+                    model(x).sum().backward()
+                    optimizer.step()
+                torch.cuda.empty_cache()  # once per epoch
+            """
+        ),
+        Valid(  # recovery after an out-of-memory error
+            """
+            import torch
+            for x, y in loader:
+                try:
+                    model(x).sum().backward()
+                    optimizer.step()
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                model(x).sum().backward()
+                optimizer.step()
+                torch.cuda.empty_cache()
+            """
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.ctx.analysis.call_qualname(node) not in _EMPTY_CACHE:
+            return
+        if not (self.ctx.in_hot_region() or in_loader_loop(self.ctx)):
+            return
+        if gated(self.ctx.ancestors):
+            return
+        self.report(node)
