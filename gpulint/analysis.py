@@ -180,7 +180,7 @@ TENSOR_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace
                     "randint", "randperm", "normal", "bernoulli", "rand_like", "randn_like", "randint_like", "stack",
                     "cat", "where", "tril", "triu"}
 _STEP_MARKER_FUNCTIONS = {"torch.autograd.backward"}
-_BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout\dd?|AlphaDropout|FeatureAlphaDropout)$")
+_BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}
 
@@ -313,6 +313,7 @@ class _Region:
     backward: bool = False
     optimizer_step: bool = False
     called: set[str] = field(default_factory=set)
+    self_calls: set[str] = field(default_factory=set)  # `self.<name>(...)` anywhere in a function's body
     has_loop: bool = False
 
     @property
@@ -525,6 +526,13 @@ class _PrePass(cst.CSTVisitor):
             region.called.add(node.func.value)
         elif isinstance(node.func, cst.Attribute):
             region.called.add(node.func.attr.value)
+            if isinstance(node.func.value, cst.Name) and node.func.value.value == "self":
+                for enclosing in reversed(self.region_stack):  # record on the function, across its loops
+                    if enclosing is None:
+                        break
+                    if isinstance(enclosing.node, cst.FunctionDef):
+                        enclosing.self_calls.add(node.func.attr.value)
+                        break
 
     def visit_If(self, node: cst.If) -> None:
         test = node.test
@@ -571,6 +579,22 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region]) -> None:
     for region in regions:
         if isinstance(region.node, (cst.For, cst.While)) and (region.any_marker or region.called & step_functions):
             a.hot.setdefault(id(region.node), HotKind.STEP_LOOP)
+    _mark_forward_helpers(a, regions)
+
+
+def _mark_forward_helpers(a: FileAnalysis, regions: list[_Region]) -> None:
+    """Catalog §0.3 (d), one level: a method that `forward` (or compiled code) calls as `self.<name>(...)` runs
+    on every forward too. Not extended to step loops, whose helpers are often called only every N steps."""
+    for region in regions:
+        fn = region.node
+        kind = a.hot.get(id(fn))
+        info = a.function_class.get(id(fn))
+        if kind not in (HotKind.FORWARD, HotKind.COMPILED) or info is None:
+            continue
+        for name in region.self_calls:
+            for method in a.functions.get(name, ()):
+                if a.function_class.get(id(method)) is info and method is not fn:
+                    a.hot.setdefault(id(method), kind)
 
 
 def analyze(module: cst.Module, known_module_classes: set[str] | None = None) -> FileAnalysis:

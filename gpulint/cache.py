@@ -65,5 +65,18 @@ class ResultCache:
             pass  # a read-only checkout just runs without a cache
 
 
+def code_fingerprint() -> str:
+    """Changes whenever gpulint's own code or a rule file changes (so editing a rule never serves stale results)."""
+    import gpulint
+    import gpulint.rules
+
+    stats = []
+    for package in (gpulint, gpulint.rules):
+        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+            info = path.stat()
+            stats.append((path.name, info.st_mtime_ns, info.st_size))
+    return digest(stats)
+
+
 def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]

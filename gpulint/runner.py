@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from gpulint.cache import ResultCache, content_hash, digest
+from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover
 from gpulint.engine import ProgramFacts, RuleCrash, lint_text
@@ -171,7 +171,8 @@ def _file_key(task: _Task) -> str:
 def _open_cache(directory: Path, tasks: Sequence[_Task], fix: bool) -> ResultCache | None:
     if fix:
         return None  # fixing re-lints as it goes; the cache serves `check`
-    return ResultCache(directory, digest(sorted({(t.codes, json.dumps(t.options, sort_keys=True)) for t in tasks})))
+    settings = sorted({(t.codes, json.dumps(t.options, sort_keys=True)) for t in tasks})
+    return ResultCache(directory, digest(code_fingerprint(), settings))
 
 
 # Worker state: set once per process by the pool initializer (program facts are large; send them once).

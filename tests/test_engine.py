@@ -52,9 +52,12 @@ def test_hot_regions():
 
         class Net(Base):  # a Module through a project base class
             def forward(self, x):
-                return x
+                return self.encode(x)
 
             def helper(self, x):
+                return x
+
+            def encode(self, x):  # called from forward: per-forward too (catalog §0.3 d)
                 return x
 
         @torch.compile
@@ -74,6 +77,7 @@ def test_hot_regions():
     """)
     assert kinds["forward"] is HotKind.FORWARD
     assert "helper" not in kinds
+    assert kinds["encode"] is HotKind.FORWARD
     assert kinds["compiled"] is HotKind.COMPILED
     assert kinds["train_step"] is HotKind.STEP_FUNCTION
     # only the inner loop calls the step; the epoch loop's own statements are not per-step
