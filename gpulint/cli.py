@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def lint_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("paths", nargs="*", default=["."], help="files or directories (default: .); - reads stdin")
+        p.add_argument("paths", nargs="*", default=None, help="files or directories (default: .); - reads stdin")
         sel = p.add_argument_group("rule selection")
         sel.add_argument("--select", action="extend", type=_codes, metavar="CODES",
                          help="rule codes, prefixes (GPU01), names or ALL to enable (replaces the config's)")
@@ -294,6 +294,8 @@ class _Policy:
 
 def _lint(args: argparse.Namespace) -> int:
     mode = _mode(args)
+    if not args.paths:
+        args.paths = ["-"] if args.stdin_filename else ["."]
     if args.ignore_noqa:
         os.environ[IGNORE_NOQA_ENV] = "1"
     resolver = Resolver(_cli_layer(args), config=args.config, isolated=args.isolated)
@@ -308,7 +310,7 @@ def _lint(args: argparse.Namespace) -> int:
         target = Path(args.paths[0]) if args.paths and args.paths[0] != "-" else Path.cwd()
         print(json.dumps(resolver.settings_for(target).describe(), indent=2, default=str))
         return EXIT_CLEAN
-    if args.paths == ["-"] or (args.stdin_filename and not args.paths):
+    if args.paths == ["-"]:
         return _lint_stdin(args, resolver, mode, fmt)
     if "-" in args.paths:
         raise UsageError("`-` (stdin) cannot be combined with other paths")

@@ -174,6 +174,8 @@ def test_stdin(project):
                      "train.py", "-", cwd=project, stdin=BAD)
     assert result.returncode == 1
     assert result.stdout.startswith("train.py:6:13: GPU011")
+    implicit = gpulint("check", "--select", "GPU011", "--stdin-filename", "train.py", cwd=project, stdin=GOOD)
+    assert implicit.returncode == 0  # --stdin-filename without paths reads stdin, not the folder
     fixed = gpulint("check", "--fix", "--select", "GPU011", "-", cwd=project, stdin=BAD)
     assert fixed.returncode == 0
     assert fixed.stdout == GOOD
