@@ -43,8 +43,9 @@ class BoolMaskAssignScalar(Rule):
     receiver is a tensor: `masked_fill_` is in place like the original, so views of `x` see the change, and
     values, gradients and integer truncation are identical. A reshape makes a row mask select rows, not
     columns. Not fixed: literals above the float16 range when the program uses float16/autocast
-    (`x[m] = -1e9` writes `-inf` silently, `masked_fill_` raises), name-only masks (`x[mask]` may be an index
-    tensor), and compound masks that would need reshaping (they would be evaluated twice).
+    (`x[m] = -1e9` writes `-inf` silently, `masked_fill_` raises), receivers not known to be tensors, and
+    compound masks that would need reshaping (they would be evaluated twice). Masks known only by their name
+    are not reported (`x[mask]` may hold integer indices), except `x[~mask] = v`, reported without a fix.
     """
 
     code = "GPU003"
@@ -164,6 +165,8 @@ class BoolMaskAssignScalar(Rule):
         confidence = mask_confidence(self.ctx, layout.mask)
         if confidence is None:
             return
+        if confidence is not Confidence.HIGH and not _inverted(layout.mask):
+            return  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
         receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask, confidence)
         if receiver_is_tensor is None:
             return
@@ -211,3 +214,8 @@ class BoolMaskAssignScalar(Rule):
         if self._low_precision is None:
             self._low_precision = bool(self.ctx.program.search(_LOW_PRECISION))
         return self._low_precision
+
+
+def _inverted(mask: cst.BaseExpression) -> bool:
+    """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
+    return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)

@@ -41,7 +41,9 @@ class BoolMaskAssignTensor(Rule):
     Safe when the mask is a boolean tensor by construction and the receiver is a tensor: the result is copied
     back in place (views of `x` see it), values cast to `x`'s dtype exactly as index assignment does, and
     gradients flow to `y` at the selected positions and to the old `x` elsewhere, as before. The mask is
-    reshaped to broadcast over `x`'s trailing dimensions. Other tensor values are reported without a fix:
+    reshaped to broadcast over `x`'s trailing dimensions. Masks known only by their name are not reported
+    (`x[idx] = y[idx]` with integer indices does not sync), except `x[~mask]`, reported without a fix.
+    Other tensor values are reported without a fix:
     whether they broadcast over `x` (`where`) or hold one element per selected position (`masked_scatter_`)
     depends on shapes gpulint cannot see.
     """
@@ -167,6 +169,8 @@ class BoolMaskAssignTensor(Rule):
                 return
             zero_dim = kind == "0d"
             source = value if zero_dim else None
+        if confidence is not Confidence.HIGH and not _inverted(layout.mask):
+            return  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
         receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask, confidence)
         if receiver_is_tensor is None:
             return
@@ -224,6 +228,11 @@ class BoolMaskAssignTensor(Rule):
                     return "0d"
                 return None
             name = method_name(value)
+            if name in ("to", "cuda", "type_as") and isinstance(value.func, cst.Attribute) and \
+                    isinstance(value.func.value, cst.Call) and \
+                    self.ctx.qualname(value.func.value.func) in ("torch.tensor", "torch.as_tensor") and \
+                    value.func.value.args and self.ctx.evidence.is_scalar_literal(value.func.value.args[0].value):
+                return "0d"  # torch.tensor(-math.inf).to(x): a 0-d tensor moved to the device
             if name in _FULL_REDUCTIONS and not value.args and isinstance(value.func, cst.Attribute):
                 if tensor_verdict(self.ctx, value.func.value) is True:
                     return "0d"
@@ -232,3 +241,8 @@ class BoolMaskAssignTensor(Rule):
                 return "0d" if tensor_verdict(self.ctx, value.func.value) else None
         verdict = tensor_verdict(self.ctx, value)
         return "tensor" if verdict is True else None
+
+
+def _inverted(mask: cst.BaseExpression) -> bool:
+    """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
+    return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from gpulint import Confidence, HotKind, Rule, Severity, Valid, Invalid
-from gpulint.analysis import BindingKind, dotted_name, method_name
+from gpulint.analysis import (_NON_TENSOR_CALLS, _NON_TENSOR_METHODS, _NUMPY_PREFIXES, _SHARED_WITH_NUMPY,
+                              _TENSOR_ONLY_METHODS, TENSOR_FACTORIES, BindingKind, dotted_name, iter_calls,
+                              method_name)
 from gpulint.rule import RuleContext
 
 # ---------------------------------------------------------------------------------------------
@@ -82,18 +84,33 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
     if isinstance(node, cst.Name):
         for binding in ctx.analysis.reaching_bindings(node.value, ctx.ancestors):
             value = binding.value
-            if binding.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) and isinstance(value, cst.Call):
-                last = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
-                if last in _INDEX_PRODUCERS:
-                    return None
-                if last == "where" and len(value.args) == 1:
-                    return None
+            if binding.kind not in (BindingKind.ASSIGN, BindingKind.UNPACK) or value is None:
+                continue
+            if _index_like(value):
+                return None
         name = node.value
     elif isinstance(node, cst.Attribute):
         name = node.attr.value
     else:
         return None
     return Confidence.LOW if _STRONG_MASK_NAME.search(name) else None
+
+
+_INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)
+
+
+def _index_like(value: cst.BaseExpression) -> bool:
+    """An assigned value that is (or may be) an integer index: `nms(...)`, `x.nonzero()`, `data.train_idx`,
+    `data.train_mask if ... else data.train_idx`."""
+    if isinstance(value, cst.IfExp):
+        return _index_like(value.body) or _index_like(value.orelse)
+    if isinstance(value, cst.Call):
+        last = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
+        return last in _INDEX_PRODUCERS or (last == "where" and len(value.args) == 1)
+    while isinstance(value, cst.Subscript):
+        value = value.value
+    name = value.attr.value if isinstance(value, cst.Attribute) else value.value if isinstance(value, cst.Name) else ""
+    return bool(_INDEX_NAME.search(name))
 
 
 # -- tensor evidence --------------------------------------------------------------------------
@@ -130,55 +147,42 @@ _ANNOTATION_TENSOR = re.compile(r"\bTensor\b")
 _ANNOTATION_NOT_TENSOR = re.compile(r"\b(ndarray|np\.|numpy|list|List|int|float|bool|str|dict|Dict|Sequence)\b")
 
 
-def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0) -> bool | None:
+def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0, at: int | None = None) -> bool | None:
     """True: surely a tensor; False: surely not (NumPy, Python data, tensor metadata); None: unknown.
 
-    Extends `ctx.evidence.is_tensor` with torch ops, nn.Module calls, `Tensor`-annotated parameters,
-    `self.<buffer>` registered or built with a torch factory, and metadata (`.shape`, `.size()`, ...)."""
-    if depth > 6:
+    Like `ctx.evidence.is_tensor`, plus torch ops, nn.Module calls, `Tensor`-annotated parameters,
+    `self.<buffer>` registered or built with a torch factory, and metadata (`.shape`, `.size()`, ...). Names
+    resolve to the assignment reaching the statement being judged: `at` is that statement's order when the
+    value of an earlier assignment is judged (so `h = h * 2` looks at the `h` before it)."""
+    if depth > 8:
         return None
+    if isinstance(node, (cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp,
+                         cst.GeneratorExp, cst.SimpleString, cst.FormattedString, cst.ConcatenatedString,
+                         cst.Integer, cst.Float, cst.Imaginary, cst.Lambda)):
+        return False
     if isinstance(node, cst.Attribute) and node.attr.value in STATIC_ATTRS:
         return False
-    if isinstance(node, cst.Call) and method_name(node) in STATIC_METHODS:
-        return False
-    base = ctx.evidence.is_tensor(node)
-    if base is not None:
-        return base
     if isinstance(node, cst.Call):
-        qual = ctx.qualname(node.func) or ""
-        if qual.startswith(("torch.nn.functional.", "torch.linalg.", "torch.special.", "torch.fft.")):
-            return True
-        if qual.startswith("torch.") and qual.count(".") == 1 and qual[6:] in _TORCH_TENSOR_OPS:
-            return True
-        if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"):
-            return True
-        if qual.startswith(("numpy.", "math.", "random.")):
-            return False
-        if ctx.evidence.is_module(node.func) is Confidence.HIGH:
-            return True
-        name = method_name(node)
-        if name in _REDUCTIONS and isinstance(node.func, cst.Attribute):
-            return tensor_verdict(ctx, node.func.value, depth + 1)
-        return None
+        return _call_verdict(ctx, node, depth, at)
     if isinstance(node, cst.Subscript):
         if isinstance(node.value, cst.Attribute) and node.value.attr.value in STATIC_ATTRS:
             return False
-        return tensor_verdict(ctx, node.value, depth + 1)
+        return tensor_verdict(ctx, node.value, depth + 1, at)
     if isinstance(node, cst.UnaryOperation):
         if isinstance(node.operator, cst.Not):
             return False
-        return tensor_verdict(ctx, node.expression, depth + 1)
+        return tensor_verdict(ctx, node.expression, depth + 1, at)
     if isinstance(node, cst.BinaryOperation):
-        left = tensor_verdict(ctx, node.left, depth + 1)
-        right = tensor_verdict(ctx, node.right, depth + 1)
+        left = tensor_verdict(ctx, node.left, depth + 1, at)
+        right = tensor_verdict(ctx, node.right, depth + 1, at)
         if left or right:
             return True
         return False if left is False and right is False else None
     if isinstance(node, cst.Comparison):
         if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
             return False
-        verdicts = [tensor_verdict(ctx, node.left, depth + 1)] + [
-            tensor_verdict(ctx, c.comparator, depth + 1) for c in node.comparisons]
+        verdicts = [tensor_verdict(ctx, node.left, depth + 1, at)] + [
+            tensor_verdict(ctx, c.comparator, depth + 1, at) for c in node.comparisons]
         if len(node.comparisons) > 1:
             return False if all(v is False for v in verdicts) else None  # chained: `a < t < b` is `and`
         if True in verdicts:
@@ -186,26 +190,62 @@ def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0) -
         return False if all(v is False for v in verdicts) else None
     if isinstance(node, cst.BooleanOperation):
         return False  # `a and b` is an operand, not a tensor result we can judge; operands are tested apart
+    if isinstance(node, cst.IfExp):
+        body, orelse = tensor_verdict(ctx, node.body, depth + 1, at), tensor_verdict(ctx, node.orelse, depth + 1, at)
+        return body if body == orelse else None
     if isinstance(node, cst.Name):
-        return _name_verdict(ctx, node, depth)
+        if node.value in ("True", "False", "None"):
+            return False
+        return _name_verdict(ctx, node, depth, at)
     if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return _self_attr_verdict(ctx, node.attr.value, depth)
     return None
 
 
-def _name_verdict(ctx: RuleContext, node: cst.Name, depth: int) -> bool | None:
-    bindings = ctx.analysis.reaching_bindings(node.value, ctx.ancestors)
+def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) -> bool | None:
+    name = method_name(node)
+    if name in STATIC_METHODS or name in _NON_TENSOR_METHODS:
+        return False
+    qual = ctx.qualname(node.func) or ""
+    if qual.startswith(_NUMPY_PREFIXES) or qual.startswith(("math.", "random.")):
+        return False
+    if isinstance(node.func, cst.Name) and node.func.value in _NON_TENSOR_CALLS and not qual:
+        return False
+    if qual.startswith(("torch.nn.functional.", "torch.linalg.", "torch.special.", "torch.fft.")):
+        return True
+    if qual.startswith("torch.") and qual.count(".") == 1 and qual[6:] in _TORCH_TENSOR_OPS | TENSOR_FACTORIES:
+        return True
+    if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"):
+        return True
+    if ctx.evidence.is_module(node.func) is Confidence.HIGH:
+        return True  # `self.encoder(x)`: a module's output
+    if name is not None and isinstance(node.func, cst.Attribute):
+        if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
+            return True
+        if name in _SHARED_WITH_NUMPY or name in _REDUCTIONS:
+            return tensor_verdict(ctx, node.func.value, depth + 1, at)
+    return None
+
+
+def _name_verdict(ctx: RuleContext, node: cst.Name, depth: int, at: int | None) -> bool | None:
+    bindings = ctx.analysis.bindings_of(node.value, ctx.ancestors)
+    here = at if at is not None else ctx.analysis.statement_order(ctx.ancestors)
+    before = [b for b in bindings if b.order < here]
+    bindings = [before[-1]] if before else bindings
     if not bindings:
         return None
     verdicts = set()
     for binding in bindings:
         if binding.kind is BindingKind.ASSIGN and binding.value is not None:
-            verdicts.add(tensor_verdict(ctx, binding.value, depth + 1))
+            verdicts.add(tensor_verdict(ctx, binding.value, depth + 1, binding.order))
         elif binding.kind is BindingKind.PARAM:
             verdicts.add(_param_verdict(ctx, node.value))
         elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, cst.Call) and \
                 ctx.evidence.is_module(binding.value.func) is Confidence.HIGH:
             verdicts.add(True)  # `out, hidden = self.rnn(x)`
+        elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, cst.Call) and \
+                _call_verdict(ctx, binding.value, depth + 1, binding.order) is False:
+            verdicts.add(False)  # `a, b = np.split(...)`, `n, d = x.shape`-like calls
         else:
             verdicts.add(None)
     if verdicts == {True}:
@@ -241,8 +281,8 @@ def _self_attr_verdict(ctx: RuleContext, attr: str, depth: int) -> bool | None:
             if isinstance(first, cst.SimpleString) and first.evaluated_value == attr:
                 return True
     bindings = [b for b in info.attrs.get(attr, []) if b.kind is BindingKind.ASSIGN and b.value is not None]
-    if not bindings:
-        return None
+    if not bindings or not all(isinstance(b.value, cst.Call) for b in bindings):
+        return None  # `self.k = k`: names in the value belong to another function's scope
     verdicts = {tensor_verdict(ctx, b.value, depth + 1) for b in bindings}
     if verdicts == {True}:
         return True
@@ -250,7 +290,6 @@ def _self_attr_verdict(ctx: RuleContext, attr: str, depth: int) -> bool | None:
 
 
 def _class_calls(node: cst.ClassDef) -> list[cst.Call]:
-    from gpulint.analysis import iter_calls
     return list(iter_calls(node, into_functions=True))
 
 
@@ -358,8 +397,26 @@ def consumed_as_tensor(ctx: RuleContext, node: cst.CSTNode) -> bool:
     return False
 
 
+_NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad")
+_EVAL_CLASS = re.compile(r"post_?process|evaluat|metric|predictor", re.I)
+
+
 def under_no_grad(ctx: RuleContext) -> bool:
-    return ctx.inside_with("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad")
+    """Evaluation / post-processing code: a `with torch.no_grad()` block, a function decorated with
+    `@torch.no_grad()` / `@torch.inference_mode()`, or a method of a `PostProcess*` / `*Evaluator` / `*Metric`
+    class (detection post-processing needs data-dependent shapes by design)."""
+    if ctx.inside_with(*_NO_GRAD):
+        return True
+    for node in reversed(ctx.ancestors):
+        if isinstance(node, cst.FunctionDef):
+            for decorator in node.decorators:
+                target = decorator.decorator
+                target = target.func if isinstance(target, cst.Call) else target
+                if ctx.qualname(target) in _NO_GRAD:
+                    return True
+        if isinstance(node, cst.ClassDef) and _EVAL_CLASS.search(node.name.value):
+            return True
+    return False
 
 
 def mask_site_evidence(ctx: RuleContext, receiver: cst.BaseExpression, mask: cst.BaseExpression,
@@ -556,6 +613,8 @@ class BoolMaskIndexRead(Rule):
                 continue
             if isinstance(parent, cst.Call) and child in parent.args:
                 name = dotted_name(parent.func) or ""
+                if (self.ctx.qualname(parent.func) or "").startswith(("torch.", "numpy.", "math.")):
+                    return False  # torch.log(x[m]) is math, not logging
                 return bool(_LOG_CALL.search(name)) or name in ("float", "int", "bool")
             if isinstance(parent, (cst.FormattedStringExpression,)):
                 return True

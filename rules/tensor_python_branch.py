@@ -125,12 +125,15 @@ class TensorPythonBranch(Rule):
         if isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp, cst.BooleanOperation)) or (
                 isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not)):
             return
-        self._test(node)
+        self._test(node, value_position=True)
 
-    def _test(self, test: cst.BaseExpression) -> None:
+    def _test(self, test: cst.BaseExpression, value_position: bool = False) -> None:
         if not self.ctx.in_hot_region():
             return
-        for operand in _operands(test):
+        operands = _operands(test)
+        if value_position and not _negated_last(test):
+            operands = operands[:-1]  # `x = a and b`: the last operand is returned, not converted to bool
+        for operand in operands:
             if self._tensor_valued(operand):
                 kind = self.ctx.hot_kind()
                 severity = Severity.WARNING if self.ctx.is_compiled() or kind is HotKind.COMPILED else Severity.INFO
@@ -182,3 +185,10 @@ def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _operands(test.expression)
     return [test]
+
+
+def _negated_last(test: cst.BaseExpression) -> bool:
+    """Is the last operand of an and/or chain under `not` (then it is converted to bool too)?"""
+    while isinstance(test, cst.BooleanOperation):
+        test = test.right
+    return isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
