@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     lint_options(fix)
     fix.add_argument("--apply", action="store_true", help="write the fixes to the files")
     fix.add_argument("--diff", action="store_true", help="print the diff, write nothing (the default)")
+    for p in (check, fix):
+        p.add_argument("--no-verify", action="store_true",
+                       help="apply fixes without first running their rules' micro-checks on the installed torch")
+    verify = sub.add_parser("verify", help="run the rules' micro-checks on real tensors (needs torch)",
+                            add_help=False)
+    verify.add_argument("rest", nargs=argparse.REMAINDER)
     rule = sub.add_parser("rule", help="explain a rule")
     rule.add_argument("code", nargs="?", help="a rule code or name")
     rule.add_argument("--all", action="store_true", help="every rule")
@@ -157,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rule(args)
         if args.command == "clean":
             return _clean(args)
+        if args.command == "verify":
+            from gpulint.verify import main as verify_main
+
+            return verify_main(args.rest)
         return _lint(args)
     except (SelectorError, ConfigError, UsageError, BaselineError) as error:
         print(f"gpulint: error: {error}", file=sys.stderr)
@@ -261,6 +273,7 @@ class _Policy:
     def __init__(self, settings: dict[str, Settings], default: Settings) -> None:
         self.settings = settings
         self.default = default
+        self.demoted: dict[str, str] = {}  # rule code -> why its fixes failed verification
 
     def of(self, path: str) -> Settings:
         return self.settings.get(path, self.default)
@@ -269,7 +282,7 @@ class _Policy:
         return d.code != UNUSED_CODE or self.of(d.path).code_enabled(d.code, Path(d.path))
 
     def can_fix(self, d: Diagnostic) -> bool:
-        if d.fix is None or not self.keep(d):
+        if d.fix is None or not self.keep(d) or d.code in self.demoted:
             return False
         settings = self.of(d.path)
         if not settings.is_fixable(d.code):
@@ -338,6 +351,8 @@ def _lint(args: argparse.Namespace) -> int:
     def file_options(path: Path):
         return policy.of(display_path(path)).options
 
+    if mode.write and not args.no_verify:
+        policy.demoted = _verify_before_writing(files.paths, rules, policy, file_rules, file_options, args)
     with _progress(len(files.settings), enabled=human and not args.quiet and not args.silent
                    and args.add_noqa is None) as advance:
         result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
@@ -371,6 +386,34 @@ def _lint(args: argparse.Namespace) -> int:
     finally:
         if handle is not None:
             handle.close()
+
+
+def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy", file_rules: Callable,
+                           file_options: Callable, args: argparse.Namespace) -> dict[str, str]:
+    """Run the micro-check of every rule whose fixes are about to be written, once per rule (cached per torch
+    version), in a separate process so that gpulint itself never imports torch. Failing rules are demoted."""
+    dry = run(paths, rules, fix=True, write=False, min_safety=Safety.UNSAFE, respect_gitignore=False,
+              can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs)
+    codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed})
+    if not codes:
+        return {}
+    if importlib.util.find_spec("torch") is None:
+        print("gpulint: torch is not installed, so the fixes were not verified at run time "
+              "(pip install 'gpulint[verify]', or --no-verify to silence this)", file=sys.stderr)
+        return {}
+    completed = subprocess.run([sys.executable, "-m", "gpulint", "verify", *codes, "--format", "json", "--cached"],
+                               capture_output=True, text=True)
+    try:
+        results = json.loads(completed.stdout)
+    except ValueError:
+        print(f"gpulint: the micro-checks could not run ({completed.stderr.strip()[-200:]}); "
+              f"fixes of {', '.join(codes)} demoted to suggestions", file=sys.stderr)
+        return {code: "micro-check could not run" for code in codes}
+    demoted = {r["code"]: r["error"] or "original and rewritten code disagree" for r in results if not r["ok"]}
+    for code, reason in sorted(demoted.items()):
+        print(f"gpulint: {code} fixes demoted to suggestions: its micro-check failed on the installed torch "
+              f"({reason})", file=sys.stderr)
+    return demoted
 
 
 def _cache_dir(args: argparse.Namespace, settings: Settings) -> Path | None:

@@ -60,3 +60,30 @@ def test_graph_breaks_and_syncs_are_counted():
     assert result.ok, result
     assert result.graph_breaks[0] >= 1 and result.graph_breaks[1] == 0
     assert result.syncs[0] >= 1 and result.syncs[1] == 0
+
+
+def test_fix_apply_demotes_rules_whose_check_fails(tmp_path, monkeypatch, capsys):
+    """`fix --apply` asks `gpulint verify` (a separate process) about the rules it is about to apply; a rule
+    reported as failing keeps its findings but its fixes are not written."""
+    import json
+    import subprocess
+
+    from gpulint import cli
+
+    path = tmp_path / "train.py"
+    source = "import torch\nfor x, y in loader:\n    x = x.to('cuda')\n    x.sum().backward()\n    opt.step()\n"
+    path.write_text(source)
+    asked = []
+
+    def fake_verify(command, **kwargs):
+        asked.append(command)
+        report = [{"code": "GPU011", "ok": False, "error": "outputs differ"}]
+        return subprocess.CompletedProcess(command, 0, json.dumps(report), "")
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_verify)
+    code = cli.main(["fix", "--apply", "--select", "GPU011", "--no-cache", str(path)])
+    assert asked and "verify" in asked[0] and "GPU011" in asked[0]
+    assert path.read_text() == source and code == 1
+    assert "GPU011 fixes demoted to suggestions" in capsys.readouterr().err
+    assert cli.main(["fix", "--apply", "--no-verify", "--select", "GPU011", "--no-cache", str(path)]) == 0
+    assert "non_blocking=True" in path.read_text()
