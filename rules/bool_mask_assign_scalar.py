@@ -186,7 +186,8 @@ class BoolMaskAssignScalar(Rule):
                 note = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
             else:
                 value = self.ctx.code(node.value)
-                replacement = cst.Expr(cst.parse_expression(f"{self.ctx.code(target.value)}.masked_fill_({mask}, {value})"))
+                text = f"{self.ctx.code(target.value)}.masked_fill_({mask}, {value})"
+                replacement = cst.Expr(cst.parse_expression(text))
         self.report(node, replacement=replacement, note=note)
 
     def _overflow(self, value: cst.BaseExpression) -> str | None:

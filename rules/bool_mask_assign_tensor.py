@@ -181,8 +181,10 @@ class BoolMaskAssignTensor(Rule):
             note = "the mask is known only by its name; make sure it is a bool tensor, then use `torch.where`"
         elif not receiver_is_tensor:
             note = "the receiver is not known to be a tensor"
-        elif not is_pure(target.value) or (same_mask_read is not None and not is_pure(source)):
-            note = "an operand would be evaluated twice"
+        elif not is_pure(target.value):
+            note = "the receiver expression would be evaluated twice"
+        elif _mutates(source):
+            note = "the value mutates a tensor in place; the rewrite would evaluate it in another order"
         else:
             mask = aligned_mask(self.ctx, layout, target.value)
             if mask is None:
@@ -237,7 +239,8 @@ class BoolMaskAssignTensor(Rule):
                 if tensor_verdict(self.ctx, value.func.value) is True:
                     return "0d"
                 return None
-            if name == "new_tensor" and len(value.args) == 1 and self.ctx.evidence.is_scalar_literal(value.args[0].value):
+            if name == "new_tensor" and len(value.args) == 1 and \
+                    self.ctx.evidence.is_scalar_literal(value.args[0].value):
                 return "0d" if tensor_verdict(self.ctx, value.func.value) else None
         verdict = tensor_verdict(self.ctx, value)
         return "tensor" if verdict is True else None
@@ -246,3 +249,9 @@ class BoolMaskAssignTensor(Rule):
 def _inverted(mask: cst.BaseExpression) -> bool:
     """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
     return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)
+
+
+def _mutates(node: cst.BaseExpression) -> bool:
+    """An in-place call (`x.add_(1)`) inside the value: evaluation order would matter."""
+    return any(isinstance(n, cst.Call) and (method_name(n) or "").endswith("_")
+               and not (method_name(n) or "").startswith("__") for n in walk(node))

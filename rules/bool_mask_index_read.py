@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from gpulint import Confidence, HotKind, Rule, Severity, Valid, Invalid
+from gpulint import Confidence, HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import (_NON_TENSOR_CALLS, _NON_TENSOR_METHODS, _NUMPY_PREFIXES, _SHARED_WITH_NUMPY,
                               _TENSOR_ONLY_METHODS, TENSOR_FACTORIES, BindingKind, dotted_name, iter_calls,
                               method_name)
@@ -28,8 +28,7 @@ class MaskIndex:
 
 def _is_full_slice(element: cst.SubscriptElement) -> bool:
     part = element.slice
-    return isinstance(part, cst.Slice) and part.lower is None and part.upper is None and (
-        part.step is None)
+    return isinstance(part, cst.Slice) and part.lower is None and part.upper is None and part.step is None
 
 
 def _is_ellipsis(element: cst.SubscriptElement) -> bool:
@@ -133,7 +132,7 @@ _TORCH_TENSOR_OPS = {
 }
 # Attributes and methods of a tensor that are host-side metadata, never tensors.
 STATIC_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "training", "is_leaf", "grad_fn",
-                "layout", "is_sparse", "is_quantized", "is_meta", "names", "T_is_never_static"}
+                "layout", "is_sparse", "is_quantized", "is_meta", "names"}
 STATIC_METHODS = {"size", "dim", "numel", "ndimension", "nelement", "element_size", "is_contiguous",
                   "is_floating_point", "is_complex", "data_ptr", "item", "tolist", "numpy", "get_device",
                   "stride", "storage_offset", "is_pinned", "has_names", "is_set_to", "is_shared", "__len__",
@@ -345,16 +344,45 @@ def mentions(ctx: RuleContext, expr: cst.BaseExpression, receiver: cst.BaseExpre
     return any(_squash(ctx.code(o)) == target for o in operands)
 
 
+_LIKE = {"torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.full_like", "torch.rand_like",
+         "torch.randn_like"}
+_SAME_SHAPE_METHODS = {"clone", "detach", "contiguous", "float", "half", "bfloat16", "double", "to", "zero_",
+                       "fill_", "abs", "neg", "exp", "log", "sigmoid", "tanh", "relu"}
+
+
+def _same_shape_as(ctx: RuleContext, receiver: cst.BaseExpression, depth: int = 0) -> list[cst.BaseExpression]:
+    """`receiver` and the expressions it provably has the shape of: `out = torch.zeros_like(x)` -> [out, x]."""
+    found = [receiver]
+    if depth > 3 or not isinstance(receiver, cst.Name):
+        return found
+    bindings = ctx.analysis.reaching_bindings(receiver.value, ctx.ancestors)
+    if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or not isinstance(bindings[0].value, cst.Call):
+        return found
+    value = bindings[0].value
+    if ctx.qualname(value.func) in _LIKE and value.args and value.args[0].keyword is None:
+        source = value.args[0].value
+    elif method_name(value) in _SAME_SHAPE_METHODS and isinstance(value.func, cst.Attribute) and (
+            method_name(value) != "to" or all(a.keyword is not None or not isinstance(a.value, (cst.Tuple, cst.List))
+                                              for a in value.args)):
+        source = value.func.value
+    else:
+        return found
+    if isinstance(source, cst.Name) and source.value == receiver.value:
+        return found
+    return found + _same_shape_as(ctx, source, depth + 1)
+
+
 def mask_matches_receiver(ctx: RuleContext, mask: cst.BaseExpression, receiver: cst.BaseExpression) -> bool:
-    """The mask is provably shaped like the receiver: a comparison / isnan of the receiver itself, directly or
-    through a name assigned once from one (`neg = x < 0; x[neg] = 0`)."""
-    if mentions(ctx, mask, receiver):
-        return True
+    """The mask is provably shaped like the receiver: a comparison / isnan of the receiver itself (or of a
+    tensor the receiver was made `*_like` / cloned from), directly or through a name assigned once from one
+    (`neg = x < 0; x[neg] = 0`)."""
+    shapes = _same_shape_as(ctx, receiver)
+    masks = [mask]
     if isinstance(mask, cst.Name):
         bindings = ctx.analysis.reaching_bindings(mask.value, ctx.ancestors)
         if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
-            return mentions(ctx, bindings[0].value, receiver)
-    return False
+            masks.append(bindings[0].value)
+    return any(mentions(ctx, m, shape) for m in masks for shape in shapes)
 
 
 def aligned_mask(ctx: RuleContext, layout: MaskIndex, receiver: cst.BaseExpression) -> str | None:
