@@ -1,0 +1,397 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import dotted_name, method_name, string_value
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path, iterated_expressions
+
+_EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
+                            r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
+_EVAL_ITERABLE = re.compile(r"(^|_)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|$|loader|data|"
+                            r"set|dl|ds|iter|batches)|^(val|valid|test|eval|dev)[a-z]*loader$", re.I)
+_MODEL_NAME = re.compile(r"(^|_)(model|net|network|policy|actor|critic|encoder|decoder|generator|discriminator|"
+                         r"classifier|backbone|agent|transformer|q_net|qnet|unet|vae|autoencoder|resnet|vgg)s?(_|$|\d)",
+                         re.I)
+_GRAD_MODES = {"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled", "torch.enable_grad",
+               "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad", "torch.autograd.inference_mode",
+               "torch.autograd.grad_mode.inference_mode", "torch.autograd.set_grad_enabled",
+               "torch.autograd.enable_grad", "torch.autograd.grad_mode.set_grad_enabled"}
+_NEEDS_GRAD = re.compile(r"\.backward\(|autograd\.grad\(|\bgrad\(|requires_grad_\(|requires_grad\s*=\s*True|"
+                         r"set_grad_enabled|enable_grad|torch\.func\.|functorch|jacobian|hessian|\bvjp\(|\bjvp\(|"
+                         r"\b\w*(optim|opt|scaler)\w*\.step\(|retain_grad\(|register_hook\(|saliency|adversarial|"
+                         r"attack|fgsm|pgd|integrated_gradients|captum", re.I)
+_NOT_FORWARD = {"eval", "train", "to", "cuda", "cpu", "parameters", "state_dict", "zero_grad", "modules", "children",
+                "apply", "half", "float", "double", "bfloat16", "requires_grad_", "add_module", "get_submodule",
+                "get_parameter", "buffers", "save_pretrained", "from_pretrained", "resize_token_embeddings", "append",
+                "extend", "update", "reset", "save", "step", "sample", "seed", "close", "render", "log", "print"}
+_CALLER_NO_GRAD = r"^([ \t]*)(with\s+[^\n]*\b(no_grad|inference_mode)\s*\(|@[\w.]*\b(no_grad|inference_mode)\b)"
+
+
+class EvalWithoutNoGrad(Rule):
+    """
+    ## What it does
+    Finds evaluation loops that call the model with autograd recording: a loop over a validation/test loader,
+    or a loop inside a function named `evaluate`/`validate`/`test`/`predict`/`inference`, with no enclosing
+    `torch.no_grad()`/`torch.inference_mode()` (context or decorator, also at the call sites in the program)
+    and nothing that needs gradients.
+
+    ## Why is this slow
+    With grad mode on, every forward op saves its inputs for a backward pass that never comes: activation
+    memory grows to training levels (limiting the evaluation batch size) and each op pays the autograd
+    bookkeeping. The tuning guide: no_grad "accelerates execution and reduces the amount of required memory".
+
+    ## Example
+    ```python
+    def evaluate(model, loader):
+        model.eval()
+        correct = 0
+        for x, y in loader:
+            correct += (model(x.cuda()).argmax(1) == y.cuda()).sum().item()
+        return correct
+    ```
+
+    ## Use instead
+    ```python
+    @torch.no_grad()
+    def evaluate(model, loader):
+        ...
+    ```
+    (or `with torch.no_grad():` around the evaluation loop).
+
+    ## Fix safety
+    Safe: the fix adds `@torch.no_grad()` to the evaluation function, or wraps the evaluation loop in
+    `with torch.no_grad():`; outputs are bitwise identical and only lose `requires_grad`. It never fires when
+    the region needs gradients (`backward`, `autograd.grad`, `requires_grad_`, `set_grad_enabled`,
+    `enable_grad`, `torch.func`, an optimizer step, saliency/adversarial code), when every model call already
+    runs under no_grad, or when a caller already wraps the call in no_grad. It does not use
+    `torch.inference_mode()`: tensors created there raise later if used in autograd or modified in place.
+    """
+
+    code = "GPU074"
+    name = "eval-without-no-grad"
+    message = "Evaluation loop runs the model with autograd recording; wrap it in `torch.no_grad()`"
+    fix_title = "Run the evaluation under `torch.no_grad()`"
+    severity = Severity.INFO
+    safety = Safety.SAFE
+    priority = "P3"
+    default_enabled = False
+    triggers = ("val", "test", "eval", "predict", "infer", "dev")
+    examples = [
+        Valid(
+            """
+            import torch
+            @torch.no_grad()
+            def evaluate(model, loader):
+                return [model(x).argmax(1) for x, _ in loader]
+            """
+        ),
+        Valid(  # gradients are needed: saliency maps
+            """
+            import torch
+            def evaluate(model, loader):
+                maps = []
+                for x, y in loader:
+                    x.requires_grad_(True)
+                    model(x).gather(1, y[:, None]).sum().backward()
+                    maps.append(x.grad.abs())
+                return maps
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            def evaluate(model, loader):
+                model.eval()
+                correct = 0
+                for x, y in loader:
+                    correct += (model(x.cuda()).argmax(1) == y.cuda()).sum().item()
+                return correct
+            """,
+            fixed="""
+            import torch
+            @torch.no_grad()
+            def evaluate(model, loader):
+                model.eval()
+                correct = 0
+                for x, y in loader:
+                    correct += (model(x.cuda()).argmax(1) == y.cuda()).sum().item()
+                return correct
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            for epoch in range(epochs):
+                train_one_epoch(model, train_loader, optimizer)
+                model.eval()
+                total = 0.0
+                for x, y in val_loader:
+                    total += criterion(model(x), y).item()
+            """,
+            fixed="""
+            import torch
+            for epoch in range(epochs):
+                train_one_epoch(model, train_loader, optimizer)
+                model.eval()
+                total = 0.0
+                with torch.no_grad():
+                    for x, y in val_loader:
+                        total += criterion(model(x), y).item()
+            """,
+        ),
+    ]
+    micro_check = MicroCheck(
+        kinds=("EQ",),
+        setup=("model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()\n"
+               "batches = [torch.randn(8, 16) for _ in range(3)]"),
+        before="out = torch.cat([model(x) for x in batches])\nrequires_grad = out.requires_grad and False",
+        after=("with torch.no_grad():\n"
+               "    out = torch.cat([model(x) for x in batches])\n"
+               "requires_grad = out.requires_grad"),
+        compare=("out", "requires_grad"),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._reported_functions: set[int] = set()
+
+    # -- candidates --------------------------------------------------------------------------------
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if not _EVAL_FUNCTION.match(node.name.value) or is_test_path(self.ctx.path):
+            return
+        if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
+            return
+        flow = LoaderFlow.of(self.ctx.analysis)
+        calls = [c for c in self._model_calls(node.body) if _in_loop_within(flow, c, node)]
+        if not calls or _NEEDS_GRAD.search(self.ctx.code(node.body)):
+            return
+        if all(_under_grad_mode(self.ctx, flow, c, node) for c in calls):
+            return
+        if self._called_under_no_grad(node.name.value):
+            return
+        self._reported_functions.add(id(node))
+        if any(isinstance(d.decorator, (cst.Name, cst.Attribute)) and (dotted_name(d.decorator) or "").endswith(
+                ("property", "setter", "getter")) for d in node.decorators):
+            self.report(node.name)
+            return
+        spelled, imports = self.ctx.spell("torch.no_grad")
+        decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
+        new = node.with_changes(decorators=[*node.decorators, decorator])
+        self.report(node.name, replacements=[(node, new)], imports=imports)
+
+    def visit_For(self, node: cst.For) -> None:
+        if is_test_path(self.ctx.path):
+            return
+        if not any(_eval_iterable(e) for e in iterated_expressions(node.iter)):
+            return
+        flow = LoaderFlow.of(self.ctx.analysis)
+        function = flow.enclosing_function(node)
+        if function is not None and (id(function) in self._reported_functions
+                                     or _EVAL_FUNCTION.match(function.name.value)):
+            return  # the function-level finding covers it
+        if function is not None and _decorated_no_grad(self.ctx, function):
+            return
+        if any(isinstance(n, cst.FunctionDef) and _decorated_no_grad(self.ctx, n) for n in self.ctx.ancestors):
+            return
+        calls = list(self._model_calls(node))
+        if not calls or _NEEDS_GRAD.search(self.ctx.code(node)):
+            return
+        if all(_under_grad_mode(self.ctx, flow, c, None) for c in calls):
+            return
+        if self._used_for_backward_later(node, function):
+            return
+        if function is not None and self._called_under_no_grad(function.name.value):
+            return
+        if any(isinstance(n, (cst.Yield, cst.Await)) for n in _walk(node)) or node.asynchronous is not None:
+            self.report(node.iter)
+            return
+        spelled, imports = self.ctx.spell("torch.no_grad")
+        inner = node.with_changes(leading_lines=())
+        wrapped = cst.With(
+            items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
+            body=cst.IndentedBlock(body=[inner]),
+            leading_lines=node.leading_lines,
+        )
+        self.report(node.iter, replacements=[(node, wrapped)], imports=imports)
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _model_calls(self, root: cst.CSTNode):
+        """`model(x)`, `self.net(x)`, and forward-like methods with an input: `agent.get_action_and_value(obs)`."""
+        for node in _walk(root):
+            if not isinstance(node, cst.Call):
+                continue
+            func = node.func
+            if isinstance(func, (cst.Name, cst.Attribute)) and self._plain_reference(func):
+                name = func.value if isinstance(func, cst.Name) else func.attr.value
+                if _MODEL_NAME.search(name) or self.ctx.evidence.is_module(func) is not None:
+                    yield node
+                    continue
+            if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_FORWARD and \
+                    not func.attr.value.startswith(("register_", "named_", "load_", "set_", "_")) and \
+                    any(a.keyword is None for a in node.args):
+                receiver = func.value
+                if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and \
+                        receiver.value.value == "self":
+                    receiver = receiver.attr
+                if isinstance(receiver, cst.Name) and _MODEL_NAME.search(receiver.value) and \
+                        self.ctx.analysis.qualname(receiver) is None:
+                    yield node
+
+    def _plain_reference(self, func: cst.BaseExpression) -> bool:
+        """`model(x)` / `self.net(x)`, not `model.eval()` or `torch.cat(...)`."""
+        if isinstance(func, cst.Name):
+            return self.ctx.analysis.qualname(func) is None
+        return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
+
+    def _lightning_hook(self, node: cst.FunctionDef) -> bool:
+        info = self.ctx.analysis.function_class.get(id(node))
+        return info is not None and any("Lightning" in base for base in info.base_names)
+
+    def _used_for_backward_later(self, loop: cst.For, function: cst.FunctionDef | None) -> bool:
+        """A name assigned in the loop that feeds a backward() outside it (outputs stored, then trained on)."""
+        scope = function.body if function is not None else self.ctx.module
+        assigned: set[str] = set()
+        for node in _walk(loop):
+            if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for target in targets:
+                    for inner in _walk(target):
+                        if isinstance(inner, cst.Name):
+                            assigned.add(inner.value)
+            elif isinstance(node, cst.Call) and method_name(node) in ("append", "extend") and \
+                    isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
+                assigned.add(node.func.value.value)
+        if not assigned:
+            return False
+        for _ in range(3):  # names computed from them later on (`loss = f(targets)`)
+            grown = False
+            for node in _walk(scope):
+                if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and not _loop_contains(loop, node) \
+                        and node.value is not None \
+                        and {n.value for n in _walk(node.value) if isinstance(n, cst.Name)} & assigned:
+                    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                    new = {n.value for t in targets for n in _walk(t) if isinstance(n, cst.Name)} - assigned
+                    if new:
+                        assigned |= new
+                        grown = True
+            if not grown:
+                break
+        for node in _walk(scope):
+            if node is loop:
+                continue
+            if isinstance(node, cst.Call) and (method_name(node) == "backward" or (
+                    dotted_name(node.func) or "").endswith("autograd.grad")):
+                used = {n.value for n in _walk(node) if isinstance(n, cst.Name)}
+                if used & assigned or _loop_contains(loop, node):
+                    return True
+        return False
+
+    def _called_under_no_grad(self, name: str) -> bool:
+        """Some call site of `name` in the program runs under no_grad / inference_mode (or wraps it)."""
+        wrapped = re.compile(r"(no_grad|inference_mode)\(\)\(\s*(\w+\.)*" + re.escape(name) + r"\b")
+        call = re.compile(r"^([ \t]*).*\b" + re.escape(name) + r"\s*\(", re.M)
+        for path, text in self.ctx.program.sources.items():
+            if name not in text:
+                continue
+            if wrapped.search(text):
+                return True
+            lines = text.splitlines()
+            for match in call.finditer(text):
+                line_no = text.count("\n", 0, match.start())
+                if re.match(r"\s*(async\s+)?def\s", lines[line_no]):
+                    continue
+                if _inside_no_grad_block(lines, line_no):
+                    return True
+        return False
+
+
+def _inside_no_grad_block(lines: list[str], line_no: int) -> bool:
+    """Textual: is line `line_no` inside a `with ...no_grad()` block or a no_grad-decorated function?"""
+    indent = len(lines[line_no]) - len(lines[line_no].lstrip())
+    for index in range(line_no - 1, -1, -1):
+        text = lines[index]
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        level = len(text) - len(text.lstrip())
+        if re.match(_CALLER_NO_GRAD, text) and (level < indent or stripped.startswith("@")):
+            if stripped.startswith("@"):
+                # a decorator applies to the def right below it, which must enclose the call
+                following = next((lines[j] for j in range(index + 1, line_no) if lines[j].strip()
+                                  and not lines[j].strip().startswith("@")), "")
+                f_level = len(following) - len(following.lstrip())
+                if re.match(r"\s*(async\s+)?def\s", following) and f_level < indent:
+                    return True
+                continue
+            return True
+        if level < indent:
+            indent = level
+            if level == 0:
+                return False
+    return False
+
+
+def _eval_iterable(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Subscript):
+        key = node.slice[0].slice if node.slice else None
+        if isinstance(key, cst.Index) and string_value(key.value) in ("val", "valid", "validation", "test", "eval",
+                                                                      "dev"):
+            return True
+        return False
+    dotted = dotted_name(node)
+    return bool(dotted) and bool(_EVAL_ITERABLE.search(dotted.rsplit(".", 1)[-1]))
+
+
+def _decorated_no_grad(ctx, function: cst.FunctionDef) -> bool:
+    for decorator in function.decorators:
+        target = decorator.decorator
+        target = target.func if isinstance(target, cst.Call) else target
+        if ctx.analysis.qualname(target) in _GRAD_MODES or (dotted_name(target) or "").endswith(
+                ("no_grad", "inference_mode")):
+            return True
+    return False
+
+
+def _under_grad_mode(ctx, flow: LoaderFlow, call: cst.Call, stop: cst.CSTNode | None) -> bool:
+    """Is `call` inside `with torch.no_grad()` / `inference_mode()` / `set_grad_enabled(...)` (same function)?"""
+    for node in reversed(flow.ancestors(call)):
+        if isinstance(node, cst.With):
+            for item in node.items:
+                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+                if ctx.analysis.qualname(expr) in _GRAD_MODES or (dotted_name(expr) or "").endswith(
+                        ("no_grad", "inference_mode")):
+                    return True
+        if isinstance(node, cst.FunctionDef):
+            if _decorated_no_grad(ctx, node):
+                return True
+            if node is stop or stop is None:
+                return False
+    return False
+
+
+def _in_loop_within(flow: LoaderFlow, call: cst.Call, function: cst.FunctionDef) -> bool:
+    for node in reversed(flow.ancestors(call)):
+        if node is function:
+            return False
+        if isinstance(node, (cst.For, cst.While, cst.CompFor)):
+            return True
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            return False
+    return False
+
+
+def _loop_contains(loop: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(n is node for n in _walk(loop))
+
+
+def _walk(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
