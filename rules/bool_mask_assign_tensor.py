@@ -171,7 +171,7 @@ class BoolMaskAssignTensor(Rule):
             source = value if zero_dim else None
         if confidence is not Confidence.HIGH and not _inverted(layout.mask):
             return  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
-        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask, confidence)
+        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask)
         if receiver_is_tensor is None:
             return
         replacement, imports, note = None, (), None

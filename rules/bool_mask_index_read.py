@@ -448,10 +448,10 @@ def under_no_grad(ctx: RuleContext) -> bool:
 
 
 def mask_site_evidence(ctx: RuleContext, receiver: cst.BaseExpression, mask: cst.BaseExpression,
-                       confidence: Confidence, consumed_as_tensor: bool = False) -> bool | None:
+                       consumed_as_tensor: bool = False) -> bool | None:
     """Should a bool-mask site be reported? None: do not report. Otherwise: is the receiver tensor-evident?
-    Name-only masks and sites outside forward / compiled code need positive tensor evidence (of the receiver,
-    the mask, or, for reads, of the selection being consumed by a torch op)."""
+    Sites need positive tensor evidence (of the receiver, the mask, or, for reads, of the selection being
+    consumed by a torch op), except in forward / compiled code of a file that does not use NumPy."""
     receiver_is = tensor_verdict(ctx, receiver)
     mask_is = tensor_verdict(ctx, mask)
     if receiver_is is False or mask_is is False:
@@ -459,13 +459,11 @@ def mask_site_evidence(ctx: RuleContext, receiver: cst.BaseExpression, mask: cst
     receiver_is = receiver_is or consumed_as_tensor or None
     evident = bool(receiver_is or mask_is)
     kind = ctx.hot_kind()
-    if kind in (HotKind.FORWARD, HotKind.COMPILED):
-        if confidence is Confidence.HIGH or evident:
-            return bool(receiver_is)
-        return bool(receiver_is) if not numpy_in_file(ctx) else None
-    # training-step loops / functions: NumPy rollout buffers and Python lists live here
     if evident:
         return bool(receiver_is)
+    if kind in (HotKind.FORWARD, HotKind.COMPILED) and not numpy_in_file(ctx):
+        return False  # forward / compiled code of a file without NumPy: operands are tensors in practice
+    # training-step loops / functions, and files using NumPy: rollout buffers and Python lists live there
     return None
 
 
@@ -583,7 +581,7 @@ class BoolMaskIndexRead(Rule):
             Confidence.HIGH if tensor_verdict(self.ctx, mask) else None)
         if confidence is None:
             return
-        if mask_site_evidence(self.ctx, node.args[0].value, mask, confidence) is None:
+        if mask_site_evidence(self.ctx, node.args[0].value, mask) is None:
             return
         if self._sink(node):
             return
@@ -597,7 +595,7 @@ class BoolMaskIndexRead(Rule):
         confidence = mask_confidence(self.ctx, layout.mask)
         if confidence is None:
             return
-        if mask_site_evidence(self.ctx, subscript.value, layout.mask, confidence,
+        if mask_site_evidence(self.ctx, subscript.value, layout.mask,
                               consumed_as_tensor(self.ctx, subscript)) is None:
             return
         if self._sink(subscript) or self._gpu002_value(subscript):
