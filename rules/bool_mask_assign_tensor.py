@@ -23,29 +23,32 @@ class BoolMaskAssignTensor(Rule):
 
     ## Why is this slow
     `x[mask] = y[mask]` reads `y[mask]` (data-dependent shape: the host waits for the GPU to count the
-    selected elements) and scatters it back: 2 host syncs per statement on an H100, a graph break under
-    `torch.compile` and a failed CUDA-graph capture. Assigning a 0-d CUDA tensor costs one sync (the value is
-    read back to the host to call `masked_fill_`); `torch.where` costs none.
+    selected elements) and scatters it back: 2-3 host syncs per statement (H100 and H200, torch 2.11), a graph
+    break under `torch.compile` and a failed CUDA-graph capture. Assigning a 0-d CUDA tensor costs one sync
+    (the value is read back to the host to call `masked_fill_`). The `torch.where` forms cost none and capture.
 
     ## Example
     ```python
-    target[done] = returns[done]
+    terminal = dones.bool()
+    target[terminal] = returns[terminal]
     ```
 
     ## Use instead
     ```python
-    target.copy_(torch.where(done.reshape(done.shape + (1,) * (target.dim() - done.dim())), returns, target))
+    terminal = dones.bool()
+    target.copy_(torch.where(terminal.reshape(terminal.shape + (1,) * (target.dim() - terminal.dim())),
+                             returns, target))
     ```
+    (No reshape when the mask is a comparison of `target` itself or of the tensor it was made `*_like` from.)
 
     ## Fix safety
     Safe when the mask is a boolean tensor by construction and the receiver is a tensor: the result is copied
     back in place (views of `x` see it), values cast to `x`'s dtype exactly as index assignment does, and
     gradients flow to `y` at the selected positions and to the old `x` elsewhere, as before. The mask is
     reshaped to broadcast over `x`'s trailing dimensions. Masks known only by their name are not reported
-    (`x[idx] = y[idx]` with integer indices does not sync), except `x[~mask]`, reported without a fix.
-    Other tensor values are reported without a fix:
-    whether they broadcast over `x` (`where`) or hold one element per selected position (`masked_scatter_`)
-    depends on shapes gpulint cannot see.
+    (`x[idx] = y[idx]` with integer indices does not sync), except `x[~mask]`, reported without a fix. Other
+    tensor values are reported without a fix: whether they broadcast over `x` (`where`) or hold one element
+    per selected position (`masked_scatter_`) depends on shapes gpulint cannot see.
     """
 
     code = "GPU002"
