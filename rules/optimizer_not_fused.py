@@ -7,6 +7,7 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg
 from gpulint.builders import add_keyword
+from gpulint.rules.cudnn_benchmark import program_texts
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
 # "`fused=True` requires all the params to be floating point Tensors of supported devices: ['mps', 'xpu', ...]").
@@ -16,8 +17,8 @@ _CONFLICTS = ("fused", "foreach", "differentiable", "capturable")
 _TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$")
 # complex parameters (complex activations, e.g. FFTs or rotary embeddings, do not matter)
 _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64|complex128|cfloat|cdouble|chalf)\b")
-# the device-generic API (torch >= 2.6) and NCCL: an accelerator, CUDA on NVIDIA machines
-_ACCELERATOR = re.compile(r"\btorch\.accelerator\.|[\"']nccl[\"']")
+# CUDA text evidence, including the device-generic API (torch >= 2.6) and NCCL: CUDA on NVIDIA machines
+_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|\btorch\.accelerator\.|["']nccl["']""")
 _SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
 
 
@@ -141,12 +142,9 @@ class OptimizerNotFused(Rule):
 
 
 def _trains_on_cuda(ctx) -> bool:
-    """CUDA evidence in the file; for a library module (no `__main__` guard of its own) the program's counts too.
-    A standalone script without any CUDA mention of its own (a CPU example in a repository of examples) does not
-    fire because a sibling script uses CUDA."""
+    """CUDA evidence in this file or in its program (the files connected to it by imports): a CPU example in a
+    repository of examples does not fire because a sibling script uses CUDA."""
     analysis = ctx.analysis
     if analysis.cuda_evidence or analysis.maybe_cuda_evidence:
         return True
-    if _ACCELERATOR.search(ctx.program.sources.get(ctx.path, "")):
-        return True
-    return analysis.main_guard is None and ctx.program.cuda_evidence
+    return any(_CUDA_TEXT.search(text) for text in program_texts(ctx))
