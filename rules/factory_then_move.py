@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.builders import add_keyword
+from gpulint.rules.host_sync_in_hot_loop import DEVICE, TENSOR, Placement
+
+# Same values wherever they are computed (H200, torch 2.11: CPU-then-copy vs created on the GPU, torch.equal).
+_EXACT = {"zeros", "ones", "full", "empty", "eye", "zeros_like", "ones_like", "full_like", "empty_like"}
+# A dtype passed to `.to(D, dtype)` can move into these without changing any value (0 and 1 are exact in
+# every dtype; `empty` has no values). Not `full`: fp32 rounding then a cast can differ from direct rounding.
+_DTYPE_FOLDABLE = {"zeros", "ones", "empty", "eye", "zeros_like", "ones_like", "empty_like"}
+# Computed by a different kernel on the GPU: float arange / logspace differed in the last bits (H200).
+_KERNEL_DEPENDENT = {"arange", "linspace", "logspace"}
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like", "randint_like"}
+_INTEGER_DTYPES = {"long", "int64", "int", "int32", "int16", "short", "int8", "uint8", "bool"}
+_DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
+
+
+class FactoryThenMove(Rule):
+    """
+    ## What it does
+    Finds tensors created on the CPU and moved right away: `torch.zeros(n).cuda()`,
+    `torch.ones(b, d).to(device)`, `torch.randn(shape).to(device)`.
+
+    ## Why is this slow
+    The tensor is allocated and filled in host memory, then copied to the GPU with a blocking pageable copy
+    (plus a second allocation). Creating it on the target device costs one kernel launch and no transfer.
+    The PyTorch tuning guide: "Create tensors directly on the target device".
+
+    ## Example
+    ```python
+    mask = torch.ones(seq_len, seq_len).to(device)
+    noise = torch.randn(batch, nz, 1, 1).cuda()
+    ```
+
+    ## Use instead
+    ```python
+    mask = torch.ones(seq_len, seq_len, device=device)
+    noise = torch.randn(batch, nz, 1, 1, device="cuda")
+    ```
+
+    ## Fix safety
+    Safe for `zeros`, `ones`, `full`, `empty`, `eye`, the `*_like` variants and integer `arange`: the values
+    are identical wherever they are created (checked on CUDA). Unsafe for random factories (the CUDA
+    generator replaces the CPU generator, so seeded results change) and for float `arange`, `linspace` and
+    `logspace` (the GPU kernel computes the values differently; float `arange` and `logspace` differed in the
+    last bits on an H200). No fix when `.to()` also casts to a dtype that cannot be folded exactly, or for
+    `requires_grad=True` factories (the result would become a leaf). Factories drawing from an explicit CPU
+    `generator=` are left alone.
+    """
+
+    code = "GPU015"
+    name = "factory-then-move"
+    message = "Tensor created on the CPU and then moved: create it on the target device with `device=`"
+    fix_title = "Create the tensor on the target device"
+    severity = Severity.INFO
+    safety = Safety.SAFE
+    priority = "P2"
+    triggers = (".to(", ".cuda(")
+    examples = [
+        Valid(
+            """
+            import torch
+            a = torch.zeros(4, 4, device="cuda")
+            b = torch.zeros(4, 4).to(torch.float16)  # a cast, not a move
+            c = torch.randn(3, generator=g).cuda()  # CPU generator: keep it on the CPU
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            buf = torch.zeros(batch, dim).cuda()
+            mask = torch.ones(n, n).to(device)
+            eye = torch.eye(3).to(device, dtype=torch.float16)
+            """,
+            fixed="""
+            import torch
+            buf = torch.zeros(batch, dim, device="cuda")
+            mask = torch.ones(n, n, device=device)
+            eye = torch.eye(3, device=device, dtype=torch.float16)
+            """,
+        ),
+        Invalid(  # random: the fix changes the values (unsafe)
+            """
+            import torch
+            noise = torch.randn(b, nz, 1, 1).to(device)
+            """,
+            fixed="""
+            import torch
+            noise = torch.randn(b, nz, 1, 1, device=device)
+            """,
+        ),
+    ]
+    micro_check = MicroCheck(
+        kinds=("EQ",),
+        setup="x = torch.randn(2, 3)",
+        before=("a = torch.zeros(5, 3).to(device)\n"
+                "b = torch.full((4,), 0.1).to(device)\n"
+                "c = torch.eye(4, 3).to(device, dtype=torch.float16)\n"
+                "d = torch.arange(7).to(device)\n"
+                "e = torch.ones_like(x).to(device)\n"
+                "f = torch.full_like(x, 2.5).to(device)"),
+        after=("a = torch.zeros(5, 3, device=device)\n"
+               "b = torch.full((4,), 0.1, device=device)\n"
+               "c = torch.eye(4, 3, device=device, dtype=torch.float16)\n"
+               "d = torch.arange(7, device=device)\n"
+               "e = torch.ones_like(x, device=device)\n"
+               "f = torch.full_like(x, 2.5, device=device)"),
+        compare=("a", "b", "c", "d", "e", "f"),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = method_name(node)
+        if name not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
+            return
+        factory = node.func.value
+        if not isinstance(factory, cst.Call):
+            return
+        qual = self.ctx.qualname(factory.func) or ""
+        kind = qual[len("torch."):] if qual.startswith("torch.") and qual.count(".") == 1 else ""
+        if kind not in _EXACT | _KERNEL_DEPENDENT | _RANDOM:
+            return
+        if any(arg.star for arg in (*node.args, *factory.args)):
+            return
+        if call_arg(factory, "device") is not None or call_arg(factory, "out") is not None:
+            return
+        if call_arg(factory, "generator") is not None:
+            return  # a CPU generator: drawing on the CPU is deliberate (reproducible streams)
+        if kind == "normal" and len([a for a in factory.args if a.keyword is None]) < 3 \
+                and call_arg(factory, "size") is None:
+            return  # normal(mean_tensor, std_tensor) takes no device= argument
+        move = self._move(node, name)
+        if move is None:
+            return
+        device, dtype = move
+        keywords: list[tuple[str, cst.BaseExpression]] = [("device", device)]
+        note = None
+        fixable = True
+        if dtype is not None:
+            factory_dtype = call_arg(factory, "dtype")
+            if factory_dtype is not None:
+                fixable = self.ctx.code(factory_dtype.value) == self.ctx.code(dtype)
+            elif kind in _DTYPE_FOLDABLE:
+                keywords.append(("dtype", dtype))
+            else:
+                fixable = False
+            if not fixable:
+                note = "`.to()` also changes the dtype; moving the cast into the factory could change values"
+        if _is_true(call_arg(factory, "requires_grad")):
+            fixable, note = False, ("`requires_grad=True`: the moved tensor is not a leaf, one created on the "
+                                    "device is; check which one the code means")
+        if "#" in self.ctx.code(node)[len(self.ctx.code(factory)):]:
+            fixable, note = False, "comments inside the call"
+        if not fixable:
+            self.report(node, note=note)
+            return
+        replacement = factory
+        for keyword, value in keywords:
+            replacement = add_keyword(replacement, keyword, value)
+        safety = Safety.SAFE
+        if kind in _RANDOM:
+            safety = Safety.UNSAFE
+            note = "random values change: the CUDA generator replaces the CPU one"
+        elif kind in _KERNEL_DEPENDENT and not self._integer_range(factory, kind):
+            safety = Safety.UNSAFE
+            note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
+        self.report(node, replacement=replacement, safety=safety, note=note)
+
+    def _move(self, node: cst.Call, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression | None] | None:
+        """(device expression, dtype expression or None) of `.cuda(...)` / `.to(...)`, None if not a plain move."""
+        allowed = {"non_blocking", "copy"}
+        if name == "cuda":
+            if any(a.keyword is not None and a.keyword.value not in allowed | {"device"} for a in node.args):
+                return None
+            target = call_arg(node, "device", 0)
+            if target is None:
+                return cst.SimpleString('"cuda"'), None
+            if isinstance(target.value, cst.Integer):
+                return cst.SimpleString(f'"cuda:{target.value.value}"'), None
+            return target.value, None
+        if any(a.keyword is not None and a.keyword.value not in allowed | {"device", "dtype"} for a in node.args):
+            return None  # memory_format= & co.
+        positional = [a for a in node.args if a.keyword is None]
+        target = call_arg(node, "device")
+        if target is None:
+            if not positional:
+                return None
+            target = positional[0]
+            rest = positional[1:]
+        else:
+            rest = positional
+        kind = Placement(self.ctx).device_kind(target.value)
+        if kind == TENSOR:
+            return None  # `.to(torch.float16)`: a cast
+        if kind != DEVICE and not _DEVICE_NAME.search(dotted_name(target.value) or ""):
+            return None  # the CPU, another tensor, or unknown
+        dtype_arg = call_arg(node, "dtype")
+        if len(rest) > 2:
+            return None
+        if rest:
+            if dtype_arg is not None:
+                return None
+            dtype_arg = rest[0]
+            if len(rest) == 2 and not isinstance(rest[1].value, cst.Name):
+                return None  # the third positional is non_blocking
+        return target.value, (dtype_arg.value if dtype_arg is not None else None)
+
+    def _integer_range(self, factory: cst.Call, kind: str) -> bool:
+        """Integer `arange` (integer literals, a single bound, or an integer dtype): exact on every device."""
+        if kind != "arange":
+            return False
+        dtype = call_arg(factory, "dtype")
+        if dtype is not None:
+            return (self.ctx.qualname(dtype.value) or "").rsplit(".", 1)[-1] in _INTEGER_DTYPES
+        positional = [a.value for a in factory.args if a.keyword is None]
+        if len(positional) == 1 and not isinstance(positional[0], cst.Float):
+            return True
+        return all(_is_integer_literal(value) for value in positional)
+
+
+def _is_integer_literal(node: cst.BaseExpression) -> bool:
+    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    return isinstance(node, cst.Integer)
+
+
+def _is_true(arg: cst.Arg | None) -> bool:
+    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"
