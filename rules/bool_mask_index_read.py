@@ -136,7 +136,7 @@ STATIC_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", 
 STATIC_METHODS = {"size", "dim", "numel", "ndimension", "nelement", "element_size", "is_contiguous",
                   "is_floating_point", "is_complex", "data_ptr", "item", "tolist", "numpy", "get_device",
                   "stride", "storage_offset", "is_pinned", "has_names", "is_set_to", "is_shared", "__len__",
-                  "keys", "values", "items", "get", "startswith", "endswith", "isdigit", "lower", "upper"}
+                  "keys", "values", "items", "startswith", "endswith", "isdigit", "lower", "upper"}
 _REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median", "nansum",
                "nanmean", "any", "all", "count_nonzero", "abs", "float", "half", "bfloat16", "double", "exp",
                "log", "sqrt", "detach", "clone", "contiguous", "to", "cuda", "squeeze", "unsqueeze",
@@ -203,6 +203,8 @@ def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0, a
 
 def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) -> bool | None:
     name = method_name(node)
+    if name == "get":
+        return None  # `kwargs.get("mask")`: whatever the mapping holds
     if name in STATIC_METHODS or name in _NON_TENSOR_METHODS:
         return False
     qual = ctx.qualname(node.func) or ""
