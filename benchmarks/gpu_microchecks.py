@@ -15,7 +15,30 @@ import datetime
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _rules_from_checkout() -> None:
+    """Make `gpulint.rules` importable from the checkout's rules/ without installing (the GPU machine)."""
+    import importlib.util
+
+    import gpulint
+
+    try:
+        importlib.import_module("gpulint.rules")
+    except ModuleNotFoundError:
+        spec = importlib.util.spec_from_file_location("gpulint.rules", ROOT / "rules" / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT / "rules")])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpulint.rules"] = module
+        spec.loader.exec_module(module)
+        gpulint.rules = module
+
+
+import importlib  # noqa: E402
+
+_rules_from_checkout()
 
 import torch  # noqa: E402
 
