@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name
-from gpulint.rules.gradscaler_with_bf16 import _At, autocast_call_of, autocast_dtype
+from gpulint.rules.gradscaler_with_bf16 import autocast_call_of, autocast_dtype
 from gpulint.rules.no_autocast import module_like
 from gpulint.rules.tf32_not_enabled import related_texts
 

@@ -2,7 +2,8 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name
-from gpulint.rules.tf32_not_enabled import _facts, _program_index, current_text, training_entry_anchor
+from gpulint.rules.tf32_not_enabled import (_program_index, current_text, location, tf32_facts,
+                                            training_entry_anchor)
 
 
 class Tf32ApiMix(Rule):
@@ -101,23 +102,26 @@ class Tf32ApiMix(Rule):
 
     def finish(self) -> None:
         ctx = self.ctx
-        index = _program_index(ctx)
         anchor = training_entry_anchor(ctx, any_main_guard=True)
         if anchor is not None:
+            index = _program_index(ctx)
             paths = index.reach(ctx.path)
         else:
-            own = _facts(current_text(ctx))
-            if not (own.tf32_new and own.tf32_legacy) or index.entries_reaching(ctx.path):
+            own = tf32_facts(ctx.path, current_text(ctx))
+            if not (own.tf32_new and own.tf32_legacy) or _program_index(ctx).entries_reaching(ctx.path):
                 return
+            index = _program_index(ctx)
             paths = frozenset({ctx.path})
         legacy, new = [], []
         for path in sorted(paths):
-            facts = _facts(current_text(ctx)) if path == ctx.path else index.facts[path]
+            facts = tf32_facts(path, current_text(ctx) if path == ctx.path else index.sources[path])
             legacy += [(path, use) for use in facts.tf32_legacy]
             new += [(path, use) for use in facts.tf32_new]
         if not legacy or not new or any(use.gated for _, use in legacy + new):
             return
-        where = lambda path, use: f"{use.what} ({'line ' + str(use.line) if path == ctx.path else f'{path}:{use.line}'})"
+        def where(path: str, use) -> str:
+            return f"{use.what} ({location(ctx, path, use.line)})"
+
         note = ("legacy API: " + ", ".join(where(p, u) for p, u in legacy[:3])
                 + "; new API: " + ", ".join(where(p, u) for p, u in new[:3]))
         if anchor is None:

@@ -141,6 +141,37 @@ def _facts(text: str) -> _Facts:
     return _Facts(tuple(visitor.imports), is_entry, tuple(visitor.legacy), tuple(visitor.new))
 
 
+_IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
+                          r"|import[ \t]+([^\n#;]+))", re.M)
+_TOP_LOOP_TEXT = re.compile(r"^(for|while)\b", re.M)
+_STEP_TEXT = re.compile(r"\.backward\(|\.step\(")
+_TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
+
+
+@dataclass(frozen=True)
+class _GraphFacts:
+    imports: tuple[tuple[int, str, tuple[str, ...]], ...]
+    is_entry: bool
+
+
+@lru_cache(maxsize=8192)
+def _graph_facts(text: str) -> _GraphFacts:
+    """Imports and entry-ness of a file from its text alone (cheap: no parse; used for every file of a run)."""
+    imports = []
+    for match in _IMPORT_TEXT.finditer(text):
+        dots, module, names, plain = match.groups()
+        if plain is not None:
+            for part in plain.split(","):
+                name = part.strip().split(" as ")[0].strip()
+                if re.fullmatch(r"[\w.]+", name):
+                    imports.append((0, name, ()))
+        else:
+            listed = tuple(n.strip().split(" as ")[0].strip() for n in names.strip("()").replace("\\", "").split(","))
+            imports.append((len(dots), module, tuple(n for n in listed if re.fullmatch(r"\w+", n))))
+    is_entry = bool(_MAIN_GUARD_TEXT.search(text)) or bool(_TOP_LOOP_TEXT.search(text) and _STEP_TEXT.search(text))
+    return _GraphFacts(tuple(imports), is_entry)
+
+
 def _norm(path: str) -> str:
     return PurePosixPath(os.path.normpath(path.replace("\\", "/"))).as_posix()
 
@@ -151,7 +182,7 @@ class _ProgramIndex:
     def __init__(self, sources: dict[str, str]) -> None:
         self.sources = sources
         self.paths = list(sources)
-        self.facts = {path: _facts(text) for path, text in sources.items()}
+        self.facts = {path: _graph_facts(text) for path, text in sources.items()}
         normal = {_norm(path): path for path in self.paths}
         by_module: dict[str, list[str]] = {}
         for path in self.paths:
@@ -266,12 +297,22 @@ def _program_index(ctx) -> _ProgramIndex:
 
 
 def current_text(ctx) -> str:
-    """The text of the file being linted as it is now (during fix passes it differs from the run's copy)."""
+    """The text of the file being linted, as the run read it. During fix passes the file may have changed
+    since; rules that fix make their own idempotency checks on the syntax tree. (Regenerating the text from
+    the tree costs a full code generation per file, so it is only done for a file the run did not read.)"""
+    text = ctx.program.sources.get(ctx.path)
+    if text is not None:
+        return text
     cached = getattr(ctx, "_gpulint_current_text", None)
     if cached is None or cached[0] is not ctx.module:
         cached = (ctx.module, ctx.module.code)
         setattr(ctx, "_gpulint_current_text", cached)
     return cached[1]
+
+
+def tf32_facts(path: str, text: str) -> _Facts:
+    """TF32 API uses of one file (parsed only when its text names a TF32 API)."""
+    return _facts(text) if _TF32_TEXT.search(text) else _Facts()
 
 
 def related_texts(ctx) -> dict[str, str]:
@@ -395,7 +436,9 @@ class Tf32NotEnabled(Rule):
     ## Fix safety
     Unsafe: it changes the numerics of every fp32 matmul of the program (relative error about 1e-3). The
     statement is inserted after the last top-level import of the entry script, which must import `torch`
-    at top level; if the program already mixes both TF32 API families, no fix is offered.
+    at top level; when other files of the program import the entry script, it goes at the top of the
+    `if __name__ == "__main__":` block instead, so that importing the script does not change a global
+    setting. If the program already mixes both TF32 API families, no fix is offered.
     """
 
     code = "GPU020"
@@ -536,6 +579,8 @@ class Tf32NotEnabled(Rule):
         for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
             if any(pattern.search(text) for text in joined):
                 return
+        if _sets_tf32(ctx.module):
+            return  # set since the run read the file (an earlier fix pass)
         uses_new = any(_NEW_API_TEXT.search(text) for text in joined)
         uses_legacy = any(_LEGACY_API_TEXT.search(text) for text in joined)
         edit = None if uses_new and uses_legacy else self._insertion(anchor, new_api=uses_new)
@@ -557,8 +602,24 @@ class Tf32NotEnabled(Rule):
             statement = f'{torch_name}.backends.cuda.matmul.fp32_precision = "tf32"'
         else:
             statement = f'{torch_name}.set_float32_matmul_precision("high")'
+        guard = self.ctx.analysis.main_guard
+        if anchor is guard and isinstance(guard.body, cst.IndentedBlock) and _program_index(self.ctx).importers(
+                self.ctx.path):
+            # other files of the program import this script: keep the global setting out of their import
+            indent = guard.body.indent if guard.body.indent is not None else self.ctx.module.default_indent
+            return guard.body.header.newline, "\n" + indent + statement + "\n"
         newline = imports[-1].trailing_whitespace.newline
         return newline, "\n" + statement + "\n"
+
+
+def _sets_tf32(module: cst.Module) -> bool:
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Call) and (dotted_name(node.func) or "").endswith("set_float32_matmul_precision"):
+            return True
+        if isinstance(node, cst.AssignTarget) and (dotted_name(node.target) or "").endswith(
+                ("matmul.fp32_precision", "backends.fp32_precision", "matmul.allow_tf32")):
+            return True
+    return False
 
 
 def _top_level_torch_name(import_lines: list[cst.SimpleStatementLine]) -> str | None:

@@ -73,3 +73,19 @@ def test_program_fix_inserts_tf32_after_the_imports(tmp_path: Path):
              for f in result.files if f.fix is not None and f.fix.changed}
     assert list(fixed) == ["plain/train.py"]
     assert 'import torchvision\ntorch.set_float32_matmul_precision("high")\n' in fixed["plain/train.py"]
+
+
+def test_fix_goes_into_the_main_guard_when_the_entry_script_is_imported(tmp_path: Path):
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torchvision\n\n\ndef main():\n    model = torchvision.models.resnet50().cuda()\n"
+        "    for x, y in loader:\n        model(x.cuda()).sum().backward()\n        opt.step()\n\n\n"
+        "if __name__ == \"__main__\":\n    # run\n    main()\n", encoding="utf-8")
+    (tmp_path / "sweep.py").write_text("from train import main\n\nfor lr in (0.1, 0.01):\n    main()\n",
+                                       encoding="utf-8")
+    rule = rule_by_code("GPU020")
+    result = run([str(tmp_path)], [rule], fix=True, min_safety=rule.safety, jobs=1)
+    fixed = [f.fix.text for f in result.files if f.fix is not None and f.fix.changed]
+    assert len(fixed) == 1
+    assert fixed[0].startswith("import torch\nimport torchvision\n\n\ndef main():")  # nothing after the imports
+    assert fixed[0].endswith('if __name__ == "__main__":\n    torch.set_float32_matmul_precision("high")\n'
+                             '    # run\n    main()\n')
