@@ -1,0 +1,204 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from gpulint import Invalid, Rule, Severity, Valid
+from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.rules.host_sync_in_hot_loop import (
+    DEVICE,
+    HOST,
+    NONTENSOR,
+    TENSOR,
+    Placement,
+    amortised,
+    has_cuda_evidence,
+)
+
+_FROM_HOST = {"from_numpy"}
+_TENSOR_CONSTRUCTORS = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "DoubleTensor", "HalfTensor",
+                        "LongTensor", "IntTensor", "ShortTensor", "ByteTensor", "BoolTensor", "BFloat16Tensor"}
+# Methods between the host tensor and the move that keep it a host tensor: `from_numpy(a).float().to(D)`.
+_HOST_CHAIN = {"float", "double", "half", "bfloat16", "long", "int", "bool", "byte", "view", "reshape", "unsqueeze",
+               "squeeze", "permute", "transpose", "contiguous", "flatten", "type", "t", "clone", "detach"}
+_DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
+
+
+class HostDataToDevicePerStep(Rule):
+    """
+    ## What it does
+    Finds tensors built from host data and copied to the GPU inside the training step or a model's `forward`:
+    `torch.from_numpy(a).to(device)`, `torch.tensor(obs).cuda()`, `torch.FloatTensor(batch).to(device)`,
+    `torch.tensor(values, device=device)`. When the data is a literal constant the finding says to create the
+    tensor once instead.
+
+    ## Why is this slow
+    Each call allocates a tensor in pageable host memory and copies it to the GPU; the copy from pageable
+    memory is staged through a driver buffer and blocks the host (H100: 13 GB/s pageable vs 55 GB/s from an
+    already-pinned buffer; `torch.tensor([1.0, 2.0], device="cuda")` is one synchronizing call). In a loop
+    this repeats every step, and for per-step constants it is pure waste.
+
+    ## Example
+    ```python
+    for step in range(num_updates):
+        obs = torch.from_numpy(replay.sample(batch_size)).to(device)
+        weights = torch.tensor([0.5, 0.25, 0.25], device=device)
+        loss = (policy(obs) * weights).sum()
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    weights = torch.tensor([0.5, 0.25, 0.25], device=device)  # a constant: once, or register_buffer
+    staging = torch.empty(batch_size, obs_dim).pin_memory()
+    for step in range(num_updates):
+        staging.copy_(torch.from_numpy(replay.sample(batch_size)))
+        obs = staging.to(device, non_blocking=True)
+        ...
+    ```
+    With a pinned staging buffer, wait for the copy (an event, or double-buffering) before refilling it.
+    Better still, keep the producer on the GPU (a GPU replay buffer or vectorised environment). Calling
+    `.pin_memory()` on every fresh tensor is not a win: pinning costs about as much as the copy it speeds up.
+
+    ## Fix safety
+    No automatic fix: hoisting a constant or introducing a staging buffer changes the program's structure.
+    """
+
+    code = "GPU013"
+    name = "host-data-to-device-per-step"
+    message = "Host data turned into a GPU tensor every step: a pageable host-to-device copy per call"
+    severity = Severity.WARNING
+    priority = "P2"
+    triggers = ("from_numpy", "tensor(", "Tensor(")
+    examples = [
+        Valid(  # outside the training step: a one-off copy
+            """
+            import torch
+            table = torch.from_numpy(np.load("table.npy")).to("cuda")
+            """
+        ),
+        Valid(  # already a device tensor
+            """
+            import torch
+            for x, y in loader:
+                x = x.to("cuda")
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            for step in range(1000):
+                obs = torch.from_numpy(buffer.sample(256)).float().to("cuda")
+                loss = policy(obs).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Head(nn.Module):
+                def forward(self, x):
+                    scale = torch.tensor([0.5, 2.0], device=x.device)
+                    return x * scale
+
+            head = Head().cuda()
+            """
+        ),
+    ]
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        super().__init__(ctx)
+        self._enabled = has_cuda_evidence(ctx)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self._enabled or any(arg.star for arg in node.args):
+            return
+        name = method_name(node)
+        source: cst.Call | None = None
+        if name in ("to", "cuda") and isinstance(node.func, cst.Attribute):
+            source = self._host_constructor(node.func.value)
+            if source is None or not self._moves_to_device(node, name):
+                return
+        else:
+            qual = self.ctx.qualname(node.func) or ""
+            if not qual.startswith("torch.") or qual.count(".") != 1:
+                return
+            if qual[len("torch."):] not in ("tensor", "as_tensor", "asarray"):
+                return
+            device = call_arg(node, "device")
+            if device is None or not self._device_target(device.value):
+                return
+            source = node
+        if not self.ctx.in_hot_region():
+            return
+        data = source.args[0].value if source.args and source.args[0].keyword is None else None
+        qual = self.ctx.qualname(source.func) or ""
+        if data is not None and qual.endswith(("as_tensor", "asarray")) and source is node:
+            if Placement(self.ctx).of(data) not in (NONTENSOR, HOST):
+                return  # as_tensor of a tensor that may already be on the device is a no-op
+        elif data is not None and not qual.endswith("from_numpy"):
+            if Placement(self.ctx).of(data) in (DEVICE, TENSOR):
+                return  # not host data
+        severity = Severity.INFO if amortised(self.ctx) else Severity.WARNING
+        if data is not None and _is_constant(data):
+            self.report(node, "Constant tensor rebuilt from Python data and copied to the GPU every step: create it "
+                              "once (before the loop, or `self.register_buffer(...)` in a module)", severity=severity)
+            return
+        self.report(node, "Host data turned into a GPU tensor every step: a blocking pageable copy per call; use a "
+                          "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU",
+                    severity=severity)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _host_constructor(self, node: cst.BaseExpression) -> cst.Call | None:
+        """`torch.from_numpy(a)` / `torch.tensor(x)` (without device=) under host-only methods like `.float()`."""
+        while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and method_name(node) in _HOST_CHAIN:
+            node = node.func.value
+        if not isinstance(node, cst.Call):
+            return None
+        qual = self.ctx.qualname(node.func) or ""
+        if not qual.startswith("torch.") or qual.count(".") != 1:
+            return None
+        last = qual[len("torch."):]
+        if last in _FROM_HOST:
+            return node
+        if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None:
+            return node
+        return None
+
+    def _moves_to_device(self, node: cst.Call, name: str) -> bool:
+        if name == "cuda":
+            return True
+        target = call_arg(node, "device", 0)
+        return target is not None and self._device_target(target.value)
+
+    def _device_target(self, node: cst.BaseExpression) -> bool:
+        kind = Placement(self.ctx).device_kind(node)
+        if kind == DEVICE:
+            return True
+        if kind in (HOST, TENSOR):
+            return False
+        return bool(_DEVICE_NAME.search(dotted_name(node) or ""))
+
+
+def _is_constant(node: cst.BaseExpression) -> bool:
+    """Numeric literals and (nested) lists/tuples of them."""
+    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return True
+    if isinstance(node, (cst.List, cst.Tuple)):
+        return bool(node.elements) and all(
+            not isinstance(e, cst.StarredElement) and _is_constant(e.value) for e in node.elements)
+    return False
