@@ -17,6 +17,7 @@ _MATMUL_FUNCTIONS = {"torch.matmul", "torch.bmm"}
 _FUSED_ATTENTION_NAME = re.compile(
     r"scaled_dot_product_attention|flash_attn|memory_efficient_attention|sdpa|fused_attn|^flash$|use_flash", re.I)
 _DTYPE_METHODS = {"float", "double", "half", "bfloat16", "to", "type", "type_as"}
+_LINE_LIMIT = 100  # the rewritten call wraps its arguments past this column
 _MIN_MASK_MAGNITUDE = 1e4  # a masked_fill value this negative (or -inf, finfo.min) removes the position
 
 
@@ -289,7 +290,41 @@ class ManualAttention(Rule):
         args = [_arg(trace.q), _arg(trace.k), _arg(value)]
         args += [_arg(v, k) for k, v in keywords]
         call = cst.Call(func=cst.parse_expression(func_text), args=_with_commas(args))
-        return call, imports, "; ".join(notes) or None
+        return self._wrapped(call, func_text), imports, "; ".join(notes) or None
+
+    def _wrapped(self, call: cst.Call, func_text: str) -> cst.Call:
+        """Break the argument list at the opening parenthesis when the line would pass _LINE_LIMIT columns."""
+        where = _statement_position(self.ctx.ancestors)
+        if where is None:
+            return call
+        index, block, final_index = where
+        anchor = self.ctx.ancestors[-1]
+        statement = block.body[final_index].with_changes(leading_lines=[])  # type: ignore[attr-defined]
+        first_line = self.ctx.code(statement).split("\n", 1)[0]
+        anchor_line = self.ctx.code(anchor).split("\n", 1)[0]
+        column = first_line.find(anchor_line)
+        if column < 0:
+            return call
+        indent = sum(len(node.indent if node.indent is not None else self.ctx.module.default_indent)
+                     for node in self.ctx.ancestors[:index] if isinstance(node, cst.IndentedBlock))
+        rest = first_line[column + len(anchor_line):].split("#", 1)[0].rstrip()
+        texts = [cst.Module([]).code_for_node(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for arg in call.args]
+        open_column = indent + column + len(func_text) + 1
+        if open_column + len(", ".join(texts)) + 1 + len(rest) <= _LINE_LIMIT:
+            return call
+        args = list(call.args)
+        width = open_column
+        for i, text in enumerate(texts):
+            last = i == len(texts) - 1
+            needed = len(text) + (1 + len(rest) if last else 1)
+            if i > 0 and width + needed > _LINE_LIMIT:
+                newline = cst.ParenthesizedWhitespace(
+                    first_line=cst.TrailingWhitespace(), empty_lines=[], indent=True,
+                    last_line=cst.SimpleWhitespace(" " * (open_column - indent)))
+                args[i - 1] = args[i - 1].with_changes(comma=cst.Comma(whitespace_after=newline))
+                width = open_column
+            width += len(text) + 2
+        return call.with_changes(args=args)
 
     def _tracer_float_like(self, node: cst.BaseExpression) -> bool:
         return _FloatLike(self).check(node)
