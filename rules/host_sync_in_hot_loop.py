@@ -269,6 +269,8 @@ class Placement:
                 return NONTENSOR
         if qual.startswith(("numpy.", "np.", "math.", "random.")) or qual in ("numpy", "math"):
             return NONTENSOR
+        if qual == "typing.cast" and len(node.args) == 2:
+            return self.of(node.args[1].value, depth + 1, before)
         if qual.startswith("torch."):
             return self._torch_call(node, qual, depth, before)
         if name is not None and isinstance(node.func, cst.Attribute):
