@@ -21,9 +21,9 @@ class Fp16WithoutGradscaler(Rule):
     Finds fp16 mixed-precision training without loss scaling: an `autocast` region with
     `dtype=torch.float16` (or the fp16 default of `torch.autocast("cuda")` / `torch.cuda.amp.autocast()`)
     in a training loop or step function that calls `.backward()`, when no `GradScaler` (nor Accelerate,
-    Lightning, DeepSpeed or apex, which scale the loss themselves) appears anywhere in the program (the
-    files named on the command line that the training file is connected to by imports, plus library
-    modules). Also a model converted with `.half()` before the training loop of the same function.
+    Lightning, DeepSpeed or apex, which scale the loss themselves) appears anywhere in the program (of the
+    files named on the command line: those the training file imports or is imported by, and the library
+    modules of its folder; see GPU020). Also a model converted with `.half()` before the training loop of the same function.
 
     ## Why is this slow
     It is a correctness problem: fp16 has a 5-bit exponent, so small gradients flush to zero (AMP docs:

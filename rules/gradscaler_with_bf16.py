@@ -70,9 +70,9 @@ class GradscalerWithBf16(Rule):
     ## What it does
     Finds a `GradScaler` whose `scaler.scale(loss)` is backpropagated in a training loop whose forward runs
     under `autocast(..., dtype=torch.bfloat16)`: in the same loop (inside or before the `with` region), or,
-    when the loop has no autocast of its own, a bf16 autocast set up in another file of the program (the
-    files named on the command line that the training file is connected to by imports, plus library
-    modules). It does not fire when the dtype is a variable (config-driven fp16/bf16), when fp16 appears
+    when the loop has no autocast of its own, a bf16 autocast set up in another file of the program (of the
+    files named on the command line: those the training file imports or is imported by, and the library
+    modules of its folder; see GPU020). It does not fire when the dtype is a variable (config-driven fp16/bf16), when fp16 appears
     anywhere in the program (mixed code paths), or when the scaler is constructed with an `enabled=` that
     is not literally `True` (nanoGPT's `enabled=(dtype == "float16")` is the right pattern). The finding
     is reported at the `scaler.scale(...)` call of the training loop, where the fix applies.

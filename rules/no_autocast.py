@@ -128,9 +128,10 @@ class NoAutocast(Rule):
     ## What it does
     Finds CUDA training steps (a loop or step function that calls `.backward()`) that run the forward pass
     in fp32: no `torch.autocast`, no `.half()`/`.bfloat16()` model, no low-precision dtype, no
-    Accelerate/Lightning/DeepSpeed precision setting anywhere in the program. The program is every file
-    named on the command line that the training file is connected to by imports, plus every library
-    module of the run (an unrelated entry script of the same folder does not count).
+    Accelerate/Lightning/DeepSpeed precision setting anywhere in the program. The program is taken from
+    the files named on the command line: the training file, the files it imports or that import it
+    (transitively), what the entry scripts importing it import, and the library (non-entry) modules of its
+    folder; an unrelated entry script of the same folder does not count.
 
     It fires only for networks with evidence of being large enough to gain: a literal `nn.Linear`/`Conv`/
     `Embedding`/`LSTM`/attention width above 256, a width setting (`hidden_size`, `d_model`, `n_embd`,

@@ -394,10 +394,11 @@ class Tf32NotEnabled(Rule):
     and never enable TF32 for float32 matrix multiplications.
 
     The check is program-level. The program is every file named on the command line
-    (`gpulint check train.py model.py` or a folder): a TF32 setting or an autocast anywhere in the files the
-    entry script imports, is imported by, or in any library module of the run counts; an unrelated entry
-    script of the same folder (its own `if __name__ == "__main__":`, sharing no import) is a separate
-    program. The finding is reported once, on the entry point: the `if __name__ == "__main__":` statement
+    (`gpulint check train.py model.py` or a folder): a TF32 setting or an autocast counts when it is in the
+    entry script, in a file it imports or that imports it (transitively, first-party imports resolved to
+    files of the run), or in a library (non-entry) module of the entry's folder or below. An unrelated
+    entry script (its own `if __name__ == "__main__":` or top-level loop, sharing no import) is a separate
+    program, so a folder of independent examples is checked script by script. The finding is reported once, on the entry point: the `if __name__ == "__main__":` statement
     of a file that contains a training loop (a loop or step function that calls `.backward()` /
     `optimizer.step()`), or the first top-level training loop of a script without a guard. Library
     modules, test files and fp64/scientific programs are never reported.
