@@ -58,7 +58,7 @@ class ChannelsLast(Rule):
 
     code = "GPU034"
     name = "channels-last"
-    message = "Conv2d/BatchNorm network trained with autocast in NCHW; `torch.channels_last` speeds up tensor-core convs"
+    message = "Conv2d/BatchNorm network trained with autocast in NCHW; `channels_last` speeds up tensor-core convs"
     severity = Severity.INFO
     safety = Safety.SUGGEST
     priority = "P3"

@@ -363,6 +363,10 @@ class _Trace:
                        problems=list(self.problems), moved=list(self.moved))
 
 
+# (value, index of its statement in the block, the `if` test it is under)
+_Resolved = tuple[cst.BaseExpression, int, "cst.BaseExpression | None"]
+
+
 class _Tracer:
     def __init__(self, rule: ManualAttention, block: cst.CSTNode, final_index: int) -> None:
         self.rule = rule
@@ -371,7 +375,7 @@ class _Tracer:
         self.final_index = final_index
 
     # name resolution: the statement that last gave `name` its value before statement `pos`
-    def resolve(self, name: str, pos: int, t: _Trace) -> tuple[cst.BaseExpression, int, cst.BaseExpression | None] | None:
+    def resolve(self, name: str, pos: int, t: _Trace) -> _Resolved | None:
         for j in range(pos - 1, -1, -1):
             stmt = self.stmts[j]
             found = _definition(stmt, name)
@@ -386,8 +390,7 @@ class _Tracer:
                 t.problems.append(f"the attention weights `{name}` are used elsewhere")
         return None
 
-    def _follow(self, expr: cst.BaseExpression, pos: int, t: _Trace
-                ) -> tuple[cst.BaseExpression, int, cst.BaseExpression | None] | None:
+    def _follow(self, expr: cst.BaseExpression, pos: int, t: _Trace) -> _Resolved | None:
         if isinstance(expr, cst.Name):
             return self.resolve(expr.value, pos, t)
         return expr, pos, None
@@ -496,7 +499,8 @@ class _Tracer:
         if call_arg(expr, "dtype") is not None:
             t.problems.append("the softmax runs in another dtype")
         inner = x.value
-        if isinstance(inner, cst.Call) and method_name(inner) in _DTYPE_METHODS and isinstance(inner.func, cst.Attribute):
+        if isinstance(inner, cst.Call) and method_name(inner) in _DTYPE_METHODS \
+                and isinstance(inner.func, cst.Attribute):
             t.problems.append("the softmax runs in another dtype")
             inner = inner.func.value
         return self.scores(inner, pos, t)

@@ -18,7 +18,8 @@ _TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\
 # complex parameters (complex activations, e.g. FFTs or rotary embeddings, do not matter)
 _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64|complex128|cfloat|cdouble|chalf)\b")
 # CUDA text evidence, including the device-generic API (torch >= 2.6) and NCCL: CUDA on NVIDIA machines
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|\btorch\.accelerator\.|["']nccl["']""")
+_CUDA_TEXT = re.compile(
+    r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|\btorch\.accelerator\.|["']nccl["']""")
 _SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
 
 
