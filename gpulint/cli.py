@@ -394,7 +394,8 @@ def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy",
     version), in a separate process so that gpulint itself never imports torch. Failing rules are demoted."""
     dry = run(paths, rules, fix=True, write=False, min_safety=Safety.UNSAFE, respect_gitignore=False,
               can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs)
-    codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed})
+    checked = {rule.code for rule in rules if rule.micro_check is not None}  # meta codes (GPU902) have no check
+    codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed} & checked)
     if not codes:
         return {}
     if importlib.util.find_spec("torch") is None:
