@@ -160,7 +160,16 @@ class ManualAttention(Rule):
             "yc = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.1)"
         ),
         compare=("y", "yc"),
-        options={"atol": 1e-12, "fp32_atol": 1e-5, "polarity_probe": "attn_mask=pad must differ"},
+        options={
+            "atol": 1e-12, "fp32_atol": 1e-5, "polarity_probe": "attn_mask=pad must differ",
+            # GPU timing at a GPT-sized causal attention (catalog F10: B8 H16 L2048 D64, bf16, forward)
+            "perf_setup": "q, k, v = (torch.randn(8, 16, 2048, 64, dtype=torch.bfloat16) for _ in range(3))\n"
+                          "bias = torch.tril(torch.ones(2048, 2048)).view(1, 1, 2048, 2048)",
+            "perf_before": "c = (q @ k.transpose(-2, -1)) * 0.125\n"
+                           "c = c.masked_fill(bias[:, :, :2048, :2048] == 0, float('-inf'))\n"
+                           "yc = F.softmax(c, dim=-1) @ v",
+            "perf_after": "yc = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125)",
+        },
     )
 
     def __init__(self, ctx) -> None:
