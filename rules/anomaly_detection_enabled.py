@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes, is_test_path
 
 _SET_ANOMALY = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 _DETECT_ANOMALY = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}
@@ -292,4 +292,4 @@ def _walk(node: cst.CSTNode):
         if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))

@@ -153,6 +153,7 @@ class DataloaderNoPersistentWorkers(Rule):
         after=("loader = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)\n"
                "xs = torch.cat([b for epoch in range(2) for b in loader])"),
         compare=("xs",),
+        options={"host_only": True},  # forked DataLoader workers cannot touch CUDA
     )
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -12,6 +12,19 @@ from gpulint.analysis import FileAnalysis, dotted_name, has_star_args, walk
 from gpulint.builders import add_keyword as _engine_add_keyword
 from gpulint.builders import expr, replace_keyword_value
 
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Direct children in source order, read from the dataclass fields (libcst's `.children` re-visits the
+    node and is far slower)."""
+    found: list[cst.CSTNode] = []
+    for name in node.__dataclass_fields__:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
+
+
 def add_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression | str) -> cst.Call:
     """`gpulint.builders.add_keyword`, but in a one-argument-per-line call whose lines carry comments the
     comments stay on their own lines (the builder copies the second-to-last separator, comment included)."""
@@ -133,7 +146,7 @@ class LoaderFlow:
                 self.assigns.append(node)
             elif isinstance(node, cst.Call):
                 self.calls.append(node)
-            for child in node.children:
+            for child in child_nodes(node):
                 self.parents[id(child)] = node
                 stack.append(child)
         self._training: dict[int, bool] = {}
@@ -799,6 +812,7 @@ class DataloaderSyncLoading(Rule):
                "xs = torch.cat([b[0] for b in batches])\n"
                "ids = torch.cat([b[1] for b in batches])"),
         compare=("xs", "ids"),
+        options={"host_only": True},  # forked DataLoader workers cannot touch CUDA
     )
 
     def visit_Call(self, node: cst.Call) -> None:

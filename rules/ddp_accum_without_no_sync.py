@@ -8,6 +8,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, dotted_name, method_name
+from gpulint.rules.dataloader_sync_loading import child_nodes
 
 # ---------------------------------------------------------------------------------------------
 # Gradient-accumulation loops, shared by GPU061 and GPU062 (imported by grad_accum_loss_not_normalized).
@@ -53,7 +54,7 @@ def _children_in_body(node: cst.CSTNode):
             continue
         yield current, ifs
         inner_ifs = ifs + (current,) if isinstance(current, cst.If) else ifs
-        for child in reversed(current.children):
+        for child in reversed(child_nodes(current)):
             # the `else` branch of an If is under the same condition (negated): count it as conditional too
             stack.append((child, inner_ifs if not (isinstance(current, cst.If) and child is current.test) else ifs))
 
@@ -73,7 +74,7 @@ def accumulation_test(test: cst.BaseExpression) -> tuple[bool, cst.BaseExpressio
                 found = True
                 if steps is None and re.search(r"accum|update_freq", name, re.I):
                     steps = node
-        stack.extend(node.children)
+        stack.extend(child_nodes(node))
     return found, steps
 
 
@@ -91,14 +92,31 @@ class Accumulations:
     def __init__(self, analysis: FileAnalysis) -> None:
         self.a = analysis
         self.items: list[Accumulation] = []
+        # one walk: the loops that (transitively) contain a backward call are the only candidates
+        parents: dict[int, cst.CSTNode] = {}
+        backward: list[cst.Call] = []
+        has_step = False
         stack: list[cst.CSTNode] = [analysis.module]
-        loops: list[cst.CSTNode] = []
         while stack:
             node = stack.pop()
-            if isinstance(node, (cst.For, cst.While)):
-                loops.append(node)
-            stack.extend(node.children)
-        for loop in loops:
+            if isinstance(node, cst.Call):
+                if is_backward(node):
+                    backward.append(node)
+                elif not has_step and is_optimizer_step(node):
+                    has_step = True
+            for child in child_nodes(node):
+                parents[id(child)] = node
+                stack.append(child)
+        if not backward or not has_step:
+            return
+        candidates: dict[int, cst.CSTNode] = {}
+        for call in backward:
+            current = parents.get(id(call))
+            while current is not None:
+                if isinstance(current, (cst.For, cst.While)):
+                    candidates.setdefault(id(current), current)
+                current = parents.get(id(current))
+        for loop in candidates.values():
             found = self._every_n(loop) or self._inner_loop(loop)
             if found is not None:
                 self.items.append(found)
@@ -265,7 +283,7 @@ class DdpAccumWithoutNoSync(Rule):
         source = self.ctx.program.sources.get(self.ctx.path)
         if source is None:
             source = self.ctx.module.code
-        if _MANAGED.search(source):
+        if ".backward(" not in source or ".step(" not in source or _MANAGED.search(source):
             return
         ddp_names = self._ddp_models()
         if not ddp_names:
@@ -307,4 +325,4 @@ def _walk_all(node: cst.CSTNode):
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))

@@ -6,6 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name
+from gpulint.rules.dataloader_sync_loading import child_nodes
 
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
 _DEVICE_GUARD = re.compile(r"cuda|is_available|device|gpu|accelerator", re.I)
@@ -40,7 +41,7 @@ def _device_guard(test: cst.BaseExpression) -> bool:
             continue
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             return False
-        stack.extend(node.children)
+        stack.extend(child_nodes(node))
     return bool(names) and all(_DEVICE_GUARD.search(n) for n in names)
 
 

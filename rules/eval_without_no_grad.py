@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, method_name, string_value
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path, iterated_expressions
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes, is_test_path, iterated_expressions
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
@@ -394,4 +394,4 @@ def _walk(node: cst.CSTNode):
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))

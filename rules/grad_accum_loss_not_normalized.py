@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, method_name, string_value
-from gpulint.rules.dataloader_sync_loading import LoaderFlow
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes
 from gpulint.rules.ddp_accum_without_no_sync import Accumulation, Accumulations
 
 _MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -102,7 +102,7 @@ class GradAccumLossNotNormalized(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         source = self.ctx.program.sources.get(self.ctx.path) or node.code
-        if _SUM_REDUCTION.search(source):
+        if ".step(" not in source or _SUM_REDUCTION.search(source):
             return
         for accumulation in Accumulations.of(self.ctx.analysis).items:
             if _grads_rescaled(accumulation):
@@ -146,7 +146,7 @@ class GradAccumLossNotNormalized(Rule):
                 found.append(node)
             elif isinstance(node, cst.AugAssign) and _binds(node.target, name):
                 found.append(node)
-            stack.extend(node.children)
+            stack.extend(child_nodes(node))
         return found
 
     def _normalized(self, expr: cst.BaseExpression | None, accumulation: Accumulation, top: bool,
@@ -275,4 +275,4 @@ def _walk(node: cst.CSTNode):
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))
