@@ -1,7 +1,6 @@
 """Bad input never crashes a run: each case is a one-line finding or message naming the file, the other files
 are still checked, exit codes stay right, and nothing is damaged."""
 
-import os
 import subprocess
 import sys
 

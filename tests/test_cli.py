@@ -12,21 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-BAD = textwrap.dedent("""\
-    import torch
-
-
-    def train(model, loader, optimizer, device):
-        for x, y in loader:
-            x = x.to(device)
-            loss = model(x).sum()
-            loss.backward()
-            optimizer.step()
-""")
-GOOD = BAD.replace("x.to(device)", "x.to(device, non_blocking=True)")
+from samples import BAD, GOOD, REPO
 
 
 def gpulint(*args: str, cwd: Path, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,6 +1,5 @@
 """The fixer: conflicts, convergence, the invalid-code guard, and byte-faithful writes."""
 
-import os
 import stat
 
 import libcst as cst

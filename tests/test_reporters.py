@@ -14,21 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from samples import BAD, REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 
-BAD = textwrap.dedent("""\
-    import torch
-
-
-    def train(model, loader, optimizer, device):
-        for x, y in loader:
-            x = x.to(device)
-            loss = model(x).sum()
-            loss.backward()
-            optimizer.step()
-""")
 MULTILINE = textwrap.dedent("""\
     import torch
 
