@@ -139,12 +139,18 @@ def lint_text(
     analysis: FileAnalysis | None = None,
 ) -> LintResult:
     """Lint `text`. Syntax errors become a GPU900 diagnostic; a crashing rule raises RuleCrash."""
+    active = might_match(text, rules)
+    if not active and module is None:
+        # no rule can match: CPython's parser (fast) still reports syntax errors; libcst is not needed
+        error = _python_syntax_error(text, path)
+        if error is not None:
+            return LintResult(path, [syntax_error_diagnostic(path, error)])
+        return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)))
     if module is None:
         try:
             module = parse(text)
         except cst.ParserSyntaxError as error:
             return LintResult(path, [syntax_error_diagnostic(path, _python_syntax_error(text, path) or error)])
-    active = might_match(text, rules)
     if not active:
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     if analysis is None:

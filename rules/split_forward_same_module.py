@@ -692,7 +692,9 @@ class SplitForwardSameModule(Rule):
     severity = Severity.WARNING
     safety = Safety.UNSAFE
     priority = "P1"
-    triggers = ("(",)
+    # a network call needs torch code or a network-like name somewhere in the file
+    triggers = ("torch", "nn.", "forward", "model", "Model", "net", "Net", "policy", "critic", "actor", "encoder",
+                "evaluate")
     examples = [
         Valid(  # the second call depends on the first one's output
             """

@@ -122,3 +122,15 @@ def test_check_never_imports_torch(tmp_path):
     )
     completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert "no torch" in completed.stdout, completed.stderr
+
+
+def test_files_no_rule_can_match_are_not_parsed_by_libcst(monkeypatch):
+    import gpulint.engine as engine
+
+    def no_parse(text):
+        raise AssertionError("libcst parse of a file that no rule can match")
+
+    monkeypatch.setattr(engine, "parse", no_parse)
+    assert lint_text("def helper(a, b):\n    return a + b\n", "util.py", all_rules()).diagnostics == []
+    broken = lint_text("def helper(a, b:\n    return a\n", "util.py", all_rules()).diagnostics
+    assert [d.code for d in broken] == ["GPU900"]
