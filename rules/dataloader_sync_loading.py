@@ -564,7 +564,7 @@ def _unpicklable(ctx, node: cst.CSTNode, flow: LoaderFlow, depth: int = 0) -> st
     for inner in walk(node, into_functions=True):
         if isinstance(inner, cst.Lambda):
             return "a lambda"
-        if isinstance(inner, cst.Name) and inner is not node or (inner is node and isinstance(inner, cst.Name)):
+        if isinstance(inner, cst.Name):
             name = inner.value
             scope_id = flow.scope_of_use(name, inner)
             if scope_id != id(ctx.analysis.module):
@@ -574,11 +574,11 @@ def _unpicklable(ctx, node: cst.CSTNode, flow: LoaderFlow, depth: int = 0) -> st
                     ctx.analysis.classes[name].node) is not None
                 if local_defs or local_class:
                     return f"the local {'class' if local_class else 'function'} `{name}`"
-                resolved = _resolve(ctx, inner, flow)
-                if resolved is not inner:
-                    found = _unpicklable(ctx, resolved, flow, depth + 1)
-                    if found:
-                        return found
+            resolved = _resolve(ctx, inner, flow)  # `collate = lambda b: ...` at module level, too
+            if resolved is not inner:
+                found = _unpicklable(ctx, resolved, flow, depth + 1)
+                if found:
+                    return found
     return None
 
 
@@ -857,10 +857,10 @@ class DataloaderSyncLoading(Rule):
                 why = _unpicklable(self.ctx, arg.value, flow)
                 if why:
                     return (f"`{keyword}` is {why}, which worker processes cannot unpickle under the spawn/forkserver "
-                            "start methods; move it to module level before adding workers")
+                            "start methods; use a function defined at module level before adding workers")
         if facts.unpicklable:
             return (f"the dataset uses {facts.unpicklable}, which worker processes cannot unpickle under the "
-                    "spawn/forkserver start methods; move it to module level before adding workers")
+                    "spawn/forkserver start methods; use a function defined at module level before adding workers")
         if facts.kind == "unknown":
             return ("the dataset's type is not visible here (an IterableDataset would yield duplicated samples with "
                     "workers); set `num_workers` after checking it")

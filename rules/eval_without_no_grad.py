@@ -239,8 +239,34 @@ class EvalWithoutNoGrad(Rule):
                         receiver.value.value == "self":
                     receiver = receiver.attr
                 if isinstance(receiver, cst.Name) and _MODEL_NAME.search(receiver.value) and \
-                        self.ctx.analysis.qualname(receiver) is None:
+                        self.ctx.analysis.qualname(receiver) is None and self._method_records(func.attr.value):
                     yield node
+
+    def _method_records(self, name: str) -> bool:
+        """A method defined in the program whose body runs with grad mode untouched. Methods we cannot see
+        (library APIs such as `predict`/`generate`, which often disable grad themselves) do not count."""
+        cache = self.__dict__.setdefault("_methods", {})
+        if name in cache:
+            return cache[name]
+        found = False
+        pattern = re.compile(r"^([ \t]*)((?:@[^\n]*\n[ \t]*)*)def\s+" + re.escape(name) + r"\s*\(", re.M)
+        for path, match in self.ctx.program.search(pattern):
+            text = self.ctx.program.sources.get(path, "")
+            if re.search(r"no_grad|inference_mode", match.group(2)):
+                found = False
+                break
+            indent = match.group(1)
+            rest = text[match.end():]
+            newline = rest.find("\n")
+            rest = rest[newline + 1:] if newline >= 0 else ""
+            end = re.search(r"^" + re.escape(indent) + r"(def|class|@)\b|^\S", rest, re.M)
+            body = rest[:end.start()] if end else rest
+            if re.search(r"no_grad|inference_mode|set_grad_enabled", body):
+                found = False
+                break
+            found = True
+        cache[name] = found
+        return found
 
     def _plain_reference(self, func: cst.BaseExpression) -> bool:
         """`model(x)` / `self.net(x)`, not `model.eval()` or `torch.cat(...)`."""
