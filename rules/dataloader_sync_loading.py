@@ -655,8 +655,12 @@ def _cuda_expr(ctx, node: cst.BaseExpression, flow: LoaderFlow) -> bool:
 
 
 def has_cuda_evidence(ctx) -> bool:
-    return bool(ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
-                or ctx.program.cuda_evidence or ctx.program.maybe_cuda_evidence)
+    """CUDA or maybe-CUDA evidence in the file or the program; `torch.accelerator` counts as maybe-CUDA."""
+    if ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence or ctx.program.cuda_evidence \
+            or ctx.program.maybe_cuda_evidence:
+        return True
+    source = ctx.program.sources.get(ctx.path, "")
+    return "torch.accelerator" in source
 
 
 # ---------------------------------------------------------------------------------------------

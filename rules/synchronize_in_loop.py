@@ -8,7 +8,7 @@ from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name
 from gpulint.rules.empty_cache_in_loop import gated
 
-_SYNCHRONIZE = {"torch.cuda.synchronize", "torch.cuda.current_stream().synchronize", "torch.accelerator.synchronize"}
+_SYNCHRONIZE = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
 _TIMING = re.compile(r"\b(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|time_ns|"
                      r"default_timer|timeit|elapsed_time|Event|record|tic|toc|timer|Timer|elapsed|stopwatch)\b")
 _TOOL_PATH = re.compile(r"(^|[\\/_])(bench\w*|benchmarks?|profil\w*)(\.py$|[\\/_])", re.I)
