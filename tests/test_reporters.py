@@ -154,24 +154,9 @@ def test_github_escaping_functions():
 
 # -- SARIF ---------------------------------------------------------------------------------------------------
 
-def _jsonschema():
-    """jsonschema from PyPI, installed with pip when missing (it is only a test dependency)."""
-    try:
-        import jsonschema
-    except ImportError:
-        install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "jsonschema"],
-                                 capture_output=True, text=True, timeout=600)
-        if install.returncode != 0:
-            pytest.skip(f"jsonschema is not installed and pip could not install it: {install.stderr[-300:]}")
-        import importlib
-
-        importlib.invalidate_caches()
-        import jsonschema
-    return jsonschema
-
-
 def _validator():
-    jsonschema = _jsonschema()
+    import jsonschema  # from the test extra
+
     schema = json.loads(SCHEMA.read_text())
     assert schema["id"].endswith("sarif-schema-2.1.0.json")  # the published OASIS schema
     cls = jsonschema.validators.validator_for(schema)
