@@ -10,6 +10,7 @@ and compiles, every file without a fix is byte-identical, and a second fix run c
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
@@ -34,15 +35,19 @@ def check_tree(source: Path) -> list[str]:
         shutil.copytree(source, work, symlinks=True)
         before = snapshot(work)
         start = time.perf_counter()
-        checked = gpulint("check", str(work), "--output-format", "concise", "--quiet")
+        checked = gpulint("check", str(work), "--output-format", "json", "--quiet")
         if checked.returncode not in (0, 1):
             problems.append(f"check exited {checked.returncode}: {checked.stderr[-400:]}")
+        diagnostics = json.loads(checked.stdout or "[]")
+        fixable = {Path(d["filename"]).relative_to(work) for d in diagnostics if d["fix"]}
         fixed = gpulint("fix", "--apply", "--unsafe-fixes", str(work), "--quiet")
         if fixed.returncode not in (0, 1):
             problems.append(f"fix exited {fixed.returncode}: {fixed.stderr[-400:]}")
         after = snapshot(work)
         changed = [p for p in before if after.get(p) != before[p]]
         for path in changed:
+            if path not in fixable:
+                problems.append(f"{path}: changed although no finding in it has a fix")
             text = after[path]
             try:
                 ast.parse(text)
@@ -54,8 +59,8 @@ def check_tree(source: Path) -> list[str]:
             problems.append("a second fix run changed files again")
         if second.returncode not in (0, 1):
             problems.append(f"second fix exited {second.returncode}")
-        findings = checked.stdout.count("\n")
-        print(f"{source.name}: {len(before)} files, {findings} findings, {len(changed)} files fixed, "
+        print(f"{source.name}: {len(before)} files, {len(diagnostics)} findings, {len(fixable)} files with fixes, "
+              f"{len(changed)} files fixed, "
               f"{time.perf_counter() - start:.0f} s, {'OK' if not problems else 'FAILED'}")
     return problems
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
@@ -34,7 +35,7 @@ from gpulint.reporters import (
 )
 from gpulint.reporters.text import render_remaining_hint
 from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
-from gpulint.runner import RunResult, display_path, run
+from gpulint.runner import RunResult, display_path, run, write_fixed
 from gpulint.source import SourceError, read_source, write_source_atomically
 from gpulint.suppressions import IGNORE_NOQA_ENV, UNUSED_CODE, add_noqa
 
@@ -274,6 +275,7 @@ class _Policy:
         self.settings = settings
         self.default = default
         self.demoted: dict[str, str] = {}  # rule code -> why its fixes failed verification
+        self.refused_sites: set[tuple] = set()  # fixes whose rewrite disagreed with the original on real tensors
 
     def of(self, path: str) -> Settings:
         return self.settings.get(path, self.default)
@@ -282,7 +284,7 @@ class _Policy:
         return d.code != UNUSED_CODE or self.of(d.path).code_enabled(d.code, Path(d.path))
 
     def can_fix(self, d: Diagnostic) -> bool:
-        if d.fix is None or not self.keep(d) or d.code in self.demoted:
+        if d.fix is None or not self.keep(d) or d.code in self.demoted or _site_key(d) in self.refused_sites:
             return False
         settings = self.of(d.path)
         if not settings.is_fixable(d.code):
@@ -351,14 +353,17 @@ def _lint(args: argparse.Namespace) -> int:
     def file_options(path: Path):
         return policy.of(display_path(path)).options
 
-    if mode.write and not args.no_verify:
-        policy.demoted = _verify_before_writing(files.paths, rules, policy, file_rules, file_options, args)
-    with _progress(len(files.settings), enabled=human and not args.quiet and not args.silent
-                   and args.add_noqa is None) as advance:
-        result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
-                     respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
-                     options_for=file_options, progress=advance, cache_dir=_cache_dir(args, cwd_settings),
-                     jobs=args.jobs)
+    verified = (_verify_before_writing(files.paths, rules, policy, file_rules, file_options, args)
+                if mode.write and not args.no_verify else None)
+    if verified is not None and not policy.demoted and not policy.refused_sites:
+        result = write_fixed(verified)  # verification changed nothing: write what the checked run produced
+    else:
+        with _progress(len(files.settings), enabled=human and not args.quiet and not args.silent
+                       and args.add_noqa is None) as advance:
+            result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
+                         respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
+                         options_for=file_options, progress=advance, cache_dir=_cache_dir(args, cwd_settings),
+                         jobs=args.jobs)
     for report in result.files:  # a cached finding carries the path it was shown with when it was stored
         report.diagnostics = [d if d.path == report.path else dataclasses.replace(d, path=report.path)
                               for d in report.diagnostics]
@@ -389,32 +394,84 @@ def _lint(args: argparse.Namespace) -> int:
 
 
 def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy", file_rules: Callable,
-                           file_options: Callable, args: argparse.Namespace) -> dict[str, str]:
-    """Run the micro-check of every rule whose fixes are about to be written, once per rule (cached per torch
-    version), in a separate process so that gpulint itself never imports torch. Failing rules are demoted."""
+                           file_options: Callable, args: argparse.Namespace) -> RunResult:
+    """Before writing, check what is about to be written, in a separate process so that gpulint itself never
+    imports torch: each rewritten site that can safely run on synthetic tensors is run, original against
+    rewrite; every rule with fixes has its micro-check run (cached per torch version). A site that differs is
+    not fixed; a rule whose check fails has its fixes demoted to suggestions. Returns the unwritten fix run."""
     dry = run(paths, rules, fix=True, write=False, min_safety=Safety.UNSAFE, respect_gitignore=False,
               can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs)
     checked = {rule.code for rule in rules if rule.micro_check is not None}  # meta codes (GPU902) have no check
     codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed} & checked)
     if not codes:
-        return {}
+        return dry
     if importlib.util.find_spec("torch") is None:
         print("gpulint: torch is not installed, so the fixes were not verified at run time "
               "(pip install 'gpulint[verify]', or --no-verify to silence this)", file=sys.stderr)
-        return {}
-    completed = subprocess.run([sys.executable, "-m", "gpulint", "verify", *codes, "--format", "json", "--cached"],
-                               capture_output=True, text=True)
+        return dry
+    files, sites, fixed = _rewritten_sites(dry, checked)
+    with tempfile.TemporaryDirectory(prefix="gpulint-verify-") as scratch:
+        request = Path(scratch) / "sites.json"
+        request.write_text(json.dumps({"files": files, "sites": sites}), encoding="utf-8")
+        completed = subprocess.run([sys.executable, "-m", "gpulint", "verify", *codes, "--cached",
+                                    "--sites", str(request)], capture_output=True, text=True)
     try:
-        results = json.loads(completed.stdout)
-    except ValueError:
+        answer = json.loads(completed.stdout)
+        results, site_results = answer["rules"], answer["sites"]
+    except (ValueError, KeyError, TypeError):
         print(f"gpulint: the micro-checks could not run ({completed.stderr.strip()[-200:]}); "
               f"fixes of {', '.join(codes)} demoted to suggestions", file=sys.stderr)
-        return {code: "micro-check could not run" for code in codes}
-    demoted = {r["code"]: r["error"] or "original and rewritten code disagree" for r in results if not r["ok"]}
-    for code, reason in sorted(demoted.items()):
+        policy.demoted = {code: "micro-check could not run" for code in codes}
+        return dry
+    policy.demoted = {r["code"]: r["error"] or "original and rewritten code disagree" for r in results if not r["ok"]}
+    for code, reason in sorted(policy.demoted.items()):
         print(f"gpulint: {code} fixes demoted to suggestions: its micro-check failed on the installed torch "
               f"({reason})", file=sys.stderr)
-    return demoted
+    for diagnostic, result in zip(fixed, site_results):
+        if result["status"] == "differs":
+            policy.refused_sites.add(_site_key(diagnostic))
+            print(f"gpulint: {diagnostic.path}:{diagnostic.line}:{diagnostic.col}: {diagnostic.code} fix not "
+                  f"applied: run on synthetic tensors, the rewrite disagrees with the original ({result['reason']})",
+                  file=sys.stderr)
+    if args.verbose:
+        equal = sum(r["status"] == "equal" for r in site_results)
+        print(f"gpulint: {equal} of {len(site_results)} rewritten sites verified on their own code; the others "
+              f"rely on their rule's micro-check", file=sys.stderr)
+    return dry
+
+
+def _site_key(diagnostic: Diagnostic) -> tuple:
+    """Stable across fix passes: positions move as earlier fixes land, a fix's path, code and text do not."""
+    assert diagnostic.fix is not None
+    return diagnostic.path, diagnostic.code, tuple(edit.content for edit in diagnostic.fix.edits)
+
+
+def _rewritten_sites(dry: "RunResult", checked: set[str]) -> tuple[dict[str, str], list[dict], list[Diagnostic]]:
+    """Fixes that replace one span (plus any imports they add), as sites for `gpulint verify --sites`."""
+    files: dict[str, str] = {}
+    sites: list[dict] = []
+    fixed: list[Diagnostic] = []
+    for report in dry.files:
+        if not report.fix or report.original is None:
+            continue
+        for diagnostic, replaced in zip(report.fix.fixed, report.fix.replaced):
+            if diagnostic.code not in checked or diagnostic.fix is None:
+                continue
+            imports = [e.content for e in diagnostic.fix.edits if _is_import(e.content)]
+            spans = [(e, text) for e, text in zip(diagnostic.fix.edits, replaced) if not _is_import(e.content)]
+            if len(spans) != 1 or not spans[0][1].strip():
+                continue
+            edit, original = spans[0]
+            files[report.path] = report.original
+            sites.append({"code": diagnostic.code, "path": report.path, "column": edit.start.col,
+                          "original": original, "rewritten": edit.content, "imports": imports})
+            fixed.append(diagnostic)
+    return files, sites, fixed
+
+
+def _is_import(text: str) -> bool:
+    stripped = text.strip()
+    return stripped.startswith(("import ", "from ")) and " import " in f" {stripped}"
 
 
 def _cache_dir(args: argparse.Namespace, settings: Settings) -> Path | None:

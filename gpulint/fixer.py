@@ -20,6 +20,7 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 class FixOutcome:
     text: str
     fixed: list[Diagnostic] = field(default_factory=list)  # findings whose fix was applied
+    replaced: list[tuple[str, ...]] = field(default_factory=list)  # per fixed finding: the text each edit replaced
     remaining: list[Diagnostic] = field(default_factory=list)  # findings of the final text
     error: str | None = None  # set when a pass produced invalid code and the file was left untouched
     converged: bool = True
@@ -48,6 +49,11 @@ def apply_edits(text: str, edits: Sequence[Edit]) -> str:
         cursor = end
     pieces.append(text[cursor:])
     return "".join(pieces)
+
+
+def _replaced_texts(text: str, edits: Sequence[Edit]) -> tuple[str, ...]:
+    starts = _line_starts(text)
+    return tuple(text[_offset(starts, e.start):_offset(starts, e.end)] for e in edits)
 
 
 def choose_non_overlapping(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:
@@ -118,6 +124,7 @@ def fix_text(
             outcome.text, outcome.remaining = current, result.diagnostics
             return outcome
         outcome.fixed.extend(chosen)
+        outcome.replaced.extend(_replaced_texts(current, d.fix.edits) for d in chosen)  # type: ignore[union-attr]
         current = new_text
         result = lint_text(current, path, rules, program=program, rule_options=rule_options)
     outcome.text, outcome.remaining, outcome.converged = current, result.diagnostics, False

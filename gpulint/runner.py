@@ -236,10 +236,34 @@ def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], progr
     report = FileReport(shown, outcome.remaining, outcome, source.text, error=outcome.error)
     if not outcome.converged:
         report.error = "fixes did not converge after the maximum number of passes; last result kept"
-    if write and outcome.changed and outcome.text != source.text:
+    if write:
+        _write(report, source)
+    return report
+
+
+def _write(report: FileReport, source: SourceFile) -> None:
+    outcome = report.fix
+    if outcome is None or not outcome.changed or outcome.text == source.text:
+        return
+    try:
+        write_source_atomically(source, outcome.text)
+        report.written = True
+    except SourceError as error:
+        report.error = str(error)
+
+
+def write_fixed(result: RunResult) -> RunResult:
+    """Write the fixes of a run made with write=False. A file whose text changed since that run is left alone."""
+    for report in result.files:
+        if report.fix is None or not report.fix.changed or report.original is None:
+            continue
         try:
-            write_source_atomically(source, outcome.text)
-            report.written = True
+            source = read_source(Path(report.path))
         except SourceError as error:
             report.error = str(error)
-    return report
+            continue
+        if source.text != report.original:
+            report.error = "file changed on disk while gpulint was fixing it; left untouched"
+            continue
+        _write(report, source)
+    return result

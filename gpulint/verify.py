@@ -318,6 +318,25 @@ def failed_checks(rules: Sequence[type[Rule]], device: str = "cpu") -> dict[str,
     return failures
 
 
+def check_sites(sites_file: str, device: str) -> list[dict]:
+    """Results for the sites in `sites_file` ({"files": {path: text}, "sites": [...]}), in the same order."""
+    from gpulint.registry import rule_by_code
+    from gpulint.site_check import SiteResult, check_site
+
+    request = json.loads(Path(sites_file).read_text(encoding="utf-8"))
+    results = []
+    for site in request["sites"]:
+        check = rule_by_code(site["code"]).micro_check
+        options = check.options if check is not None else {}
+        try:
+            result = check_site(site["original"], site["rewritten"], site["column"], request["files"][site["path"]],
+                                site["imports"], options.get("rtol", 0.0), options.get("atol", 0.0), device)
+        except Exception as error:  # noqa: BLE001 - a site the checker cannot handle falls back to the rule check
+            result = SiteResult("fallback", f"{type(error).__name__}: {error}")
+        results.append(result.to_json())
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -328,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--cached", action="store_true", help="reuse results cached for this torch version")
+    parser.add_argument("--sites", metavar="FILE", help="also check rewrites of the user's own code (JSON written by "
+                        "`gpulint fix --apply`); output becomes {\"rules\": [...], \"sites\": [...]}")
     args = parser.parse_args(argv)
     if not torch_available():
         print("gpulint verify: torch is not installed (pip install 'gpulint[verify]')")
@@ -335,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rules = [rule_by_code(c) for c in args.codes] if args.codes else [r for r in all_rules() if r.micro_check]
     check = cached_check if args.cached else run_check
     results = [check(rule, args.device) for rule in rules]
+    if args.sites:
+        print(json.dumps({"rules": [r.to_json() for r in results], "sites": check_sites(args.sites, args.device)}))
+        return 0 if all(r.ok for r in results) else 1
     if args.format == "json":
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:

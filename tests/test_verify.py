@@ -77,7 +77,8 @@ def test_fix_apply_demotes_rules_whose_check_fails(tmp_path, monkeypatch, capsys
 
     def fake_verify(command, **kwargs):
         asked.append(command)
-        report = [{"code": "GPU011", "ok": False, "error": "outputs differ"}]
+        report = {"rules": [{"code": "GPU011", "ok": False, "error": "outputs differ"}],
+                  "sites": [{"status": "equal", "reason": ""}]}
         return subprocess.CompletedProcess(command, 0, json.dumps(report), "")
 
     monkeypatch.setattr(cli.subprocess, "run", fake_verify)
