@@ -423,7 +423,8 @@ def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy",
               f"fixes of {', '.join(codes)} demoted to suggestions", file=sys.stderr)
         policy.demoted = {code: "micro-check could not run" for code in codes}
         return dry
-    policy.demoted = {r["code"]: r["error"] or "original and rewritten code disagree" for r in results if not r["ok"]}
+    policy.demoted = {r["code"]: r["error"] or "; ".join(r.get("notes") or ()) or "original and rewritten code disagree"
+                      for r in results if not r["ok"]}
     for code, reason in sorted(policy.demoted.items()):
         print(f"gpulint: {code} fixes demoted to suggestions: its micro-check failed on the installed torch "
               f"({reason})", file=sys.stderr)

@@ -32,8 +32,8 @@ DENIED_TORCH = ("torch.save", "torch.load", "torch.hub", "torch.distributed", "t
 DISALLOWED_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
                     ast.Global, ast.Nonlocal, ast.Await, ast.Yield, ast.YieldFrom, ast.While, ast.For,
                     ast.AsyncFor, ast.AsyncWith, ast.Raise, ast.Assert, ast.Try, ast.NamedExpr)
-SHAPES = ((4, 8), (2, 4, 8, 8), (16,), (3, 5, 7))
-MAX_PLANS = 3  # bindings (shape, mask shape) the original runs on that are compared, at most
+SHAPES = ((4, 8), (5, 5), (2, 4, 8, 8), (16,), (3, 5, 7))  # (5, 5): a row mask also fits columns
+MAX_PLANS = 5  # bindings (shape, mask shape) the original runs on that are compared, at most
 SEEDS = (11, 12)
 _SHAPE_METHODS = {"view", "reshape", "size", "expand", "repeat", "transpose", "permute", "split", "chunk",
                   "narrow", "unsqueeze", "squeeze", "flatten", "sum", "mean", "softmax", "log_softmax", "argmax",

@@ -31,6 +31,7 @@ class CheckResult:
     equal: bool | None = None
     max_abs_diff: float | None = None
     graph_breaks: tuple[int, int] | None = None
+    cudagraph_unsafe: tuple[int, int] | None = None
     syncs: tuple[int, int] | None = None
     warnings: tuple[int, int] | None = None
     speedup: float | None = None
@@ -39,6 +40,10 @@ class CheckResult:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def reason(self) -> str:
+        """Why a failed check failed, in one line."""
+        return self.error or "; ".join(self.notes) or "original and rewritten code disagree"
 
 
 def torch_available() -> bool:
@@ -61,12 +66,17 @@ def _namespace(torch: Any, device: str) -> dict[str, Any]:
     return {"torch": torch, "nn": nn, "F": F, "math": math, "device": device}
 
 
-def _run_snippet(check: MicroCheck, code: str, device: str, seed: int, torch: Any) -> dict[str, Any]:
+def _run_snippet(check: MicroCheck, code: str, device: str, seed: int, torch: Any,
+                 train_mode: bool = False) -> dict[str, Any]:
     device = _effective_device(check, device)
     namespace = _namespace(torch, device)
     torch.manual_seed(seed)
     with torch.device(device):
         exec(compile(textwrap.dedent(check.setup), "<setup>", "exec"), namespace)  # noqa: S102 - rule-owned code
+        if train_mode:
+            for value in list(namespace.values()):
+                if isinstance(value, torch.nn.Module):
+                    value.train()
         torch.manual_seed(seed + 1)
         exec(compile(textwrap.dedent(code), "<snippet>", "exec"), namespace)  # noqa: S102
     return namespace
@@ -118,19 +128,80 @@ def _grad_check(check: MicroCheck, device: str, seed: int, torch: Any) -> bool:
         for ga, gb in zip(*results))
 
 
-def _graph_breaks(check: MicroCheck, code: str, device: str, torch: Any) -> int:
-    import torch._dynamo as dynamo
-
+def _as_function(check: MicroCheck, code: str, device: str, torch: Any) -> tuple[Any, list[Any]]:
+    """The snippet as a function of the setup's tensors returning the compared values (what torch.compile sees)."""
     namespace = _run_snippet(check, "", device, 0, torch)
     inputs = [k for k, v in namespace.items() if isinstance(v, torch.Tensor)]
     body = textwrap.indent(textwrap.dedent(code), "    ")
     returned = ", ".join(check.compare) or "None"
     source = f"def _snippet({', '.join(inputs)}):\n{body}\n    return ({returned},)\n"
-    exec(compile(source, "<graph-break-probe>", "exec"), namespace)  # noqa: S102
+    exec(compile(source, "<compile-probe>", "exec"), namespace)  # noqa: S102
+    return namespace["_snippet"], [namespace[k].clone() for k in inputs]
+
+
+def _equal_in_train_mode(check: MicroCheck, device: str, torch: Any) -> bool:
+    """Batch statistics (BatchNorm) and dropout masks depend on what shares a forward pass: with the modules in
+    train mode, one forward over the concatenated batch must still equal the separate forwards."""
+    before = _run_snippet(check, check.before, device, 0, torch, train_mode=True)
+    after = _run_snippet(check, check.after, device, 0, torch, train_mode=True)
+    return _compare(check, before, after, torch)[0]
+
+
+def _writes_through_views(check: MicroCheck, device: str, seed: int, torch: Any) -> bool:
+    """ALIAS: each input that is not a grad leaf becomes a view into a larger buffer; whatever the original
+    writes through it in place, the rewrite must write too (a rebinding rewrite would leave the buffer stale)."""
+    buffers = []
+    for code in (check.before, check.after):
+        namespace = _run_snippet(check, "", device, seed, torch)
+        views = {}
+        for name, value in list(namespace.items()):
+            if isinstance(value, torch.Tensor) and not value.requires_grad:
+                buffer = torch.zeros((2, *value.shape), dtype=value.dtype, device=value.device)
+                buffer[1].copy_(value)
+                namespace[name] = buffer[1]
+                views[name] = buffer
+        torch.manual_seed(seed + 1)
+        with torch.device(_effective_device(check, device)):
+            exec(compile(textwrap.dedent(code), "<alias-probe>", "exec"), namespace)  # noqa: S102
+        buffers.append(views)
+    rtol, atol = check.options.get("rtol", 0.0), check.options.get("atol", 0.0)
+    before, after = buffers
+    return all(torch.allclose(before[n], after[n], rtol=rtol, atol=atol, equal_nan=True) for n in before)
+
+
+def _graph_breaks(check: MicroCheck, code: str, device: str, torch: Any) -> int:
+    import torch._dynamo as dynamo
+
+    function, args = _as_function(check, code, device, torch)
     dynamo.reset()
     with torch.device(device):  # tensors the snippet itself creates live where the inputs do
-        explanation = dynamo.explain(namespace["_snippet"])(*[namespace[k].clone() for k in inputs])
+        explanation = dynamo.explain(function)(*args)
     return max(explanation.graph_break_count, len(explanation.break_reasons))
+
+
+def _cudagraph_unsafe_nodes(check: MicroCheck, code: str, device: str, torch: Any) -> int:
+    """Compiled graphs whose AOT forward holds a node CUDA graphs cannot capture (index_put with a bool
+    index, nonzero, ...). Inductor's own test; it is private API, so a torch without it fails the check."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    unsafe: list[str] = []
+
+    def forward_compiler(graph_module: Any, example_inputs: Any) -> Any:
+        node = get_first_incompatible_cudagraph_node(graph_module)
+        if node is not None:
+            unsafe.append(str(node.target))
+        return graph_module.forward
+
+    function, args = _as_function(check, code, device, torch)
+    dynamo.reset()
+    # fullgraph: dynamic-shape ops are then captured, hence visible (catalog F2). A snippet with a data-dependent
+    # branch cannot be captured whole; its check then fails rather than report a partial count.
+    with torch.device(device):
+        torch.compile(function, backend=aot_autograd(fw_compiler=forward_compiler), fullgraph=True)(*args)
+    dynamo.reset()
+    return len(unsafe)
 
 
 _SYNC_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.item.default"}
@@ -224,10 +295,21 @@ def _run_kinds(rule: type[Rule], check: MicroCheck, kinds: set[str], device: str
                     break
             else:
                 result.equal = True
+        if check.options.get("train_probe") and not _equal_in_train_mode(check, device, torch):
+            result.ok = False
+            result.notes.append("original and rewrite differ with the modules in train mode (BatchNorm/dropout)")
+        if "ALIAS" in kinds and not _writes_through_views(check, device, 0, torch):
+            result.ok = False
+            result.notes.append("the original writes through a view of its input in place; the rewrite does not")
         if "GB" in kinds:
             result.graph_breaks = (_graph_breaks(check, check.before, device, torch),
                                    _graph_breaks(check, check.after, device, torch))
             if result.graph_breaks[1] > result.graph_breaks[0]:
+                result.ok = False
+        if "CG" in kinds:
+            result.cudagraph_unsafe = (_cudagraph_unsafe_nodes(check, check.before, device, torch),
+                                       _cudagraph_unsafe_nodes(check, check.after, device, torch))
+            if result.cudagraph_unsafe[1] > result.cudagraph_unsafe[0]:
                 result.ok = False
         if "SYNC" in kinds:
             result.syncs = (_sync_count(check, check.before, device, torch),
@@ -271,7 +353,7 @@ def cached_check(rule: type[Rule], device: str = "cpu") -> CheckResult:
     entry = cache.get(rule.code)
     if entry and entry.get("fingerprint") == fingerprint:
         data = {k: v for k, v in entry["result"].items()}
-        for pair in ("graph_breaks", "syncs", "warnings"):
+        for pair in ("graph_breaks", "cudagraph_unsafe", "syncs", "warnings"):
             if data.get(pair) is not None:
                 data[pair] = tuple(data[pair])
         return CheckResult(**data)
@@ -291,15 +373,17 @@ def _pair(value: tuple[int, int] | None) -> str:
 
 
 def render_table(results: Sequence[CheckResult]) -> str:
-    header = "| rule | device | result | equal (max abs diff) | graph breaks | syncs | warnings | speed-up |"
-    rows = [header, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("| rule | device | result | equal (max abs diff) | graph breaks | CUDA-graph-unsafe graphs | syncs | "
+              "warnings | speed-up |")
+    rows = [header, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         equal = "-" if r.equal is None else ("yes" if r.equal else "NO")
         if r.max_abs_diff is not None and r.equal is not None:
             equal += f" ({r.max_abs_diff:.1e})"
-        status = "pass" if r.ok else f"FAIL{': ' + r.error if r.error else ''}"
+        status = "pass" if r.ok else f"FAIL: {r.reason()}"
         speed = "-" if r.speedup is None else f"x{r.speedup:.2f}"
-        rows.append(f"| {r.code} | {r.device} | {status} | {equal} | {_pair(r.graph_breaks)} | {_pair(r.syncs)} | "
+        rows.append(f"| {r.code} | {r.device} | {status} | {equal} | {_pair(r.graph_breaks)} | "
+                    f"{_pair(r.cudagraph_unsafe)} | {_pair(r.syncs)} | "
                     f"{_pair(r.warnings)} | {speed} |")
     return "\n".join(rows) + "\n"
 
@@ -314,7 +398,7 @@ def failed_checks(rules: Sequence[type[Rule]], device: str = "cpu") -> dict[str,
     for rule in fixing_rules(rules):
         result = cached_check(rule, device)
         if not result.ok:
-            failures[rule.code] = result.error or "original and rewritten code disagree"
+            failures[rule.code] = result.reason()
     return failures
 
 

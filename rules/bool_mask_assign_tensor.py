@@ -122,7 +122,7 @@ class BoolMaskAssignTensor(Rule):
         ),
     ]
     micro_check = MicroCheck(
-        kinds=("EQ", "ALIAS", "GB", "SYNC"),
+        kinds=("EQ", "ALIAS", "GB", "CG", "SYNC"),
         setup=("x = torch.randn(6, 4, requires_grad=True)\n"
                "y = torch.randn(6, 4, requires_grad=True)\n"
                "rows = torch.rand(6) > 0.5\n"

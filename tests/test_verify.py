@@ -88,3 +88,49 @@ def test_fix_apply_demotes_rules_whose_check_fails(tmp_path, monkeypatch, capsys
     assert "GPU011 fixes demoted to suggestions" in capsys.readouterr().err
     assert cli.main(["fix", "--apply", "--no-verify", "--select", "GPU011", "--no-cache", str(path)]) == 0
     assert "non_blocking=True" in path.read_text()
+
+
+def _rule_with(check: MicroCheck, rule_code: str) -> type[Rule]:
+    class Probe(Rule):
+        __doc__ = DOC
+        code, name, message, fix_title, safety = rule_code, "probe", "m", "t", Safety.SAFE
+        examples = [Valid("a\n"), Invalid("x\n", fixed="x\n")]
+        micro_check = check
+
+    return Probe
+
+
+def test_cudagraph_unsafe_nodes_are_counted():
+    """catalog F4: `x[m] = -inf` keeps aten.index_put in the AOT graph; masked_fill does not."""
+    check = MicroCheck(kinds=("EQ", "CG"), setup="x = torch.randn(4, 5)\nm = torch.rand(4, 5) > 0.5",
+                       before="y = x.clone()\ny[m] = float('-inf')", after="y = x.masked_fill(m, float('-inf'))",
+                       compare=("y",))
+    result = run_check(_rule_with(check, "GPU994"), "cpu")
+    assert result.ok and result.cudagraph_unsafe == (1, 0), result
+
+
+def test_alias_probe_catches_a_rewrite_that_stops_writing_in_place():
+    """The original fills the caller's tensor in place; the rewrite rebinds the name, so a view the caller holds
+    goes stale. Outputs alone agree; the ALIAS probe does not."""
+    check = MicroCheck(kinds=("EQ", "ALIAS"), setup="x = torch.randn(4, 5)\nm = torch.rand(4, 5) > 0.5",
+                       before="x[m] = 0.0", after="x = x.masked_fill(m, 0.0)", compare=("x",))
+    result = run_check(_rule_with(check, "GPU993"), "cpu")
+    assert result.equal is True and not result.ok
+    in_place = MicroCheck(kinds=("EQ", "ALIAS"), setup=check.setup, before="x[m] = 0.0",
+                          after="x.masked_fill_(m, 0.0)", compare=("x",))
+    assert run_check(_rule_with(in_place, "GPU992"), "cpu").ok
+
+
+def test_train_mode_probe_refuses_a_batch_merge_through_batchnorm():
+    """catalog F6: merging two forwards through BatchNorm in train mode changes the batch statistics."""
+    merge = dict(before="out_a = net(a)\nout_b = net(b)",
+                 after="out_a, out_b = net(torch.cat([a, b])).split([a.shape[0], b.shape[0]])",
+                 compare=("out_a", "out_b"), options={"rtol": 1e-5, "atol": 1e-6, "train_probe": True})
+    inputs = "\na = torch.randn(7, 16)\nb = torch.randn(5, 16)"
+    plain = MicroCheck(kinds=("EQ",), setup="net = nn.Sequential(nn.Linear(16, 8), nn.Tanh()).eval()" + inputs,
+                       **merge)
+    batchnorm = MicroCheck(kinds=("EQ",), setup="net = nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8)).eval()"
+                           + inputs, **merge)
+    assert run_check(_rule_with(plain, "GPU991"), "cpu").ok
+    result = run_check(_rule_with(batchnorm, "GPU990"), "cpu")
+    assert result.equal is True and not result.ok and "train mode" in result.notes[0]
