@@ -266,6 +266,10 @@ def _time(check: MicroCheck, code: str, device: str, torch: Any, repeats: int = 
     return statistics.median(times)
 
 
+_COUNTED_KINDS = (("GB", "graph_breaks", _graph_breaks), ("CG", "cudagraph_unsafe", _cudagraph_unsafe_nodes),
+                  ("SYNC", "syncs", _sync_count), ("WARN", "warnings", _warning_count))
+
+
 def run_check(rule: type[Rule], device: str = "cpu") -> CheckResult:
     import torch
 
@@ -301,26 +305,12 @@ def _run_kinds(rule: type[Rule], check: MicroCheck, kinds: set[str], device: str
         if "ALIAS" in kinds and not _writes_through_views(check, device, 0, torch):
             result.ok = False
             result.notes.append("the original writes through a view of its input in place; the rewrite does not")
-        if "GB" in kinds:
-            result.graph_breaks = (_graph_breaks(check, check.before, device, torch),
-                                   _graph_breaks(check, check.after, device, torch))
-            if result.graph_breaks[1] > result.graph_breaks[0]:
-                result.ok = False
-        if "CG" in kinds:
-            result.cudagraph_unsafe = (_cudagraph_unsafe_nodes(check, check.before, device, torch),
-                                       _cudagraph_unsafe_nodes(check, check.after, device, torch))
-            if result.cudagraph_unsafe[1] > result.cudagraph_unsafe[0]:
-                result.ok = False
-        if "SYNC" in kinds:
-            result.syncs = (_sync_count(check, check.before, device, torch),
-                            _sync_count(check, check.after, device, torch))
-            if result.syncs[1] > result.syncs[0]:
-                result.ok = False
-        if "WARN" in kinds:
-            result.warnings = (_warning_count(check, check.before, device, torch),
-                               _warning_count(check, check.after, device, torch))
-            if result.warnings[1] > result.warnings[0]:
-                result.ok = False
+        for kind, field_name, counter in _COUNTED_KINDS:
+            if kind in kinds:  # a count the rewrite must not raise: graph breaks, unsafe graphs, syncs, warnings
+                pair = (counter(check, check.before, device, torch), counter(check, check.after, device, torch))
+                setattr(result, field_name, pair)
+                if pair[1] > pair[0]:
+                    result.ok = False
     except Exception as error:  # noqa: BLE001 - a check that cannot run has failed
         result.ok = False
         result.error = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
