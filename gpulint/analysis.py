@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import enum
 import re
+import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence, TypeVar
 
 import libcst as cst
 
@@ -71,7 +72,7 @@ def is_true(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
-def _child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     """Direct children in source order; reading dataclass fields is much cheaper than libcst's `.children`."""
     found: list[cst.CSTNode] = []
     for name in node.__dataclass_fields__:
@@ -93,7 +94,7 @@ def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CST
         ):
             continue
         yield current
-        stack.extend(reversed(_child_nodes(current)))
+        stack.extend(reversed(child_nodes(current)))
 
 
 def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.Call]:
@@ -604,6 +605,31 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None) ->
     _mark_modules(analysis, known_module_classes or set())
     _mark_hot(analysis, prepass.regions)
     return analysis
+
+
+_Facts = TypeVar("_Facts", bound="PerFileFacts")
+
+
+class PerFileFacts:
+    """Base of facts that rules derive from one file's analysis: `Facts.of(analysis)` builds them on first
+    request and gives every later caller (other rules included) the same object while the analysis lives."""
+
+    _built: ClassVar["weakref.WeakKeyDictionary[FileAnalysis, Any]"]  # each subclass keeps its own
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._built = weakref.WeakKeyDictionary()
+
+    def __init__(self, analysis: FileAnalysis) -> None:
+        self.a = analysis
+
+    @classmethod
+    def of(cls: type[_Facts], analysis: FileAnalysis) -> _Facts:
+        facts = cls._built.get(analysis)
+        if facts is None:
+            facts = cls(analysis)
+            cls._built[analysis] = facts
+        return facts
 
 
 # ---------------------------------------------------------------------------------------------

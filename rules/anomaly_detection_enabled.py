@@ -5,8 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes, is_test_path
+from gpulint.analysis import call_arg, dotted_name, walk
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path
 
 _SET_ANOMALY = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 _DETECT_ANOMALY = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}
@@ -217,7 +217,7 @@ class AnomalyDetectionEnabled(Rule):
             return
         flow = LoaderFlow.of(self.ctx.analysis)
         wraps_training = False
-        for node in _walk(statement.body):
+        for node in walk(statement.body):
             if isinstance(node, (cst.For, cst.While)) and flow.is_training_loop(node):
                 wraps_training = True
                 break
@@ -283,13 +283,3 @@ def _has_trailing_comment(statement: cst.CSTNode) -> bool:
             return True  # one-line compound statement: be careful
         statement = body.body[-1]
     return isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment is not None
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        yield current
-        stack.extend(child_nodes(current))

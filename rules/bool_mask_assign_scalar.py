@@ -4,9 +4,8 @@ import re
 
 import libcst as cst
 
-from gpulint import Confidence, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.rules.bool_mask_index_read import (aligned_mask, is_pure, mask_confidence, mask_index_layout,
-                                                mask_site_evidence)
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.rules.bool_mask_index_read import COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment
 
 _FP16_MAX = 65504.0
 _BF16_MAX = 3.3895e38  # also above float32's max: every float dtype's masked_fill_ raises, setitem may write inf
@@ -153,42 +152,20 @@ class BoolMaskAssignScalar(Rule):
         self._low_precision: bool | None = None
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
+        if not self.ctx.evidence.is_scalar_literal(node.value):
             return
-        if not self.ctx.in_hot_region():
+        site = hot_mask_assignment(self.ctx, node)
+        if site is None:
             return
-        target = node.targets[0].target
-        evidence = self.ctx.evidence
-        if not evidence.is_scalar_literal(node.value):
-            return
-        layout = mask_index_layout(target)
-        if layout is None:
-            return
-        confidence = mask_confidence(self.ctx, layout.mask)
-        if confidence is None:
-            return
-        if confidence is not Confidence.HIGH and not _inverted(layout.mask):
-            return  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
-        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask)
-        if receiver_is_tensor is None:
-            return
-        note = None
         replacement = None
-        if confidence is not Confidence.HIGH:
-            note = "the mask is known only by its name; make sure it is a bool tensor, then use `masked_fill_`"
-        elif not receiver_is_tensor:
-            note = "the receiver is not known to be a tensor"
-        elif not is_pure(target.value):
-            note = "the receiver expression would be evaluated twice"
-        elif (why := self._overflow(node.value)) is not None:
-            note = why
-        else:
-            mask = aligned_mask(self.ctx, layout, target.value)
+        note = site.rewrite_blocker("masked_fill_") or self._overflow(node.value)
+        if note is None:
+            mask = aligned_mask(self.ctx, site.layout, site.receiver)
             if mask is None:
-                note = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
+                note = COMPOUND_MASK_NOTE
             else:
                 value = self.ctx.code(node.value)
-                text = f"{self.ctx.code(target.value)}.masked_fill_({mask}, {value})"
+                text = f"{self.ctx.code(site.receiver)}.masked_fill_({mask}, {value})"
                 replacement = cst.Expr(cst.parse_expression(text))
         self.report(node, replacement=replacement, note=note)
 
@@ -217,8 +194,3 @@ class BoolMaskAssignScalar(Rule):
         if self._low_precision is None:
             self._low_precision = bool(self.ctx.program.search(_LOW_PRECISION))
         return self._low_precision
-
-
-def _inverted(mask: cst.BaseExpression) -> bool:
-    """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
-    return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from gpulint import Confidence, Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, method_name, walk
-from gpulint.rules.bool_mask_index_read import (aligned_mask, is_pure, mask_confidence, mask_index_layout,
-                                                mask_site_evidence, same_code, tensor_verdict)
+from gpulint.rules.bool_mask_index_read import (COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment,
+                                                mask_index_layout, same_code, tensor_verdict)
 
 # Full reductions: called without arguments they return a 0-d tensor on the receiver's device.
 _FULL_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median",
@@ -144,20 +144,13 @@ class BoolMaskAssignTensor(Rule):
     )
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
-            return
-        if not self.ctx.in_hot_region():
-            return
-        target = node.targets[0].target
         value = node.value
         if self.ctx.evidence.is_scalar_literal(value):
             return  # GPU003
-        layout = mask_index_layout(target)
-        if layout is None:
+        site = hot_mask_assignment(self.ctx, node)
+        if site is None:
             return
-        confidence = mask_confidence(self.ctx, layout.mask)
-        if confidence is None:
-            return
+        layout = site.layout
         same_mask_read = self._same_mask_read(value, layout)
         if same_mask_read is None and self._reads_same_mask(value, layout):
             return  # `out[m] = f(x[m])`: gather-compute-scatter, GPU004
@@ -172,29 +165,20 @@ class BoolMaskAssignTensor(Rule):
                 return
             zero_dim = kind == "0d"
             source = value if zero_dim else None
-        if confidence is not Confidence.HIGH and not _inverted(layout.mask):
-            return  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
-        receiver_is_tensor = mask_site_evidence(self.ctx, target.value, layout.mask)
-        if receiver_is_tensor is None:
-            return
         replacement, imports, note = None, (), None
         if source is None:
             note = _SUGGEST_NOTE
-        elif confidence is not Confidence.HIGH:
-            note = "the mask is known only by its name; make sure it is a bool tensor, then use `torch.where`"
-        elif not receiver_is_tensor:
-            note = "the receiver is not known to be a tensor"
-        elif not is_pure(target.value):
-            note = "the receiver expression would be evaluated twice"
+        elif (why := site.rewrite_blocker("torch.where")) is not None:
+            note = why
         elif _mutates(source):
             note = "the value mutates a tensor in place; the rewrite would evaluate it in another order"
         else:
-            mask = aligned_mask(self.ctx, layout, target.value)
+            mask = aligned_mask(self.ctx, layout, site.receiver)
             if mask is None:
-                note = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
+                note = COMPOUND_MASK_NOTE
             else:
                 where, imports = self.ctx.spell("torch.where")
-                receiver = self.ctx.code(target.value)
+                receiver = self.ctx.code(site.receiver)
                 text = f"{receiver}.copy_({where}({mask}, {self.ctx.code(source)}, {receiver}))"
                 replacement = cst.Expr(cst.parse_expression(text))
         message = None
@@ -247,11 +231,6 @@ class BoolMaskAssignTensor(Rule):
                 return "0d" if tensor_verdict(self.ctx, value.func.value) else None
         verdict = tensor_verdict(self.ctx, value)
         return "tensor" if verdict is True else None
-
-
-def _inverted(mask: cst.BaseExpression) -> bool:
-    """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
-    return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)
 
 
 def _mutates(node: cst.BaseExpression) -> bool:

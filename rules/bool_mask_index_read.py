@@ -469,6 +469,56 @@ def mask_site_evidence(ctx: RuleContext, receiver: cst.BaseExpression, mask: cst
     return None
 
 
+# Why `aligned_mask` gave no text.
+COMPOUND_MASK_NOTE = "bind the mask to a name first: reshaping a compound mask would evaluate it twice"
+
+
+@dataclass(frozen=True)
+class MaskAssignment:
+    """`x[mask] = value` in the training step, the forward pass or compiled code (GPU002, GPU003)."""
+
+    receiver: cst.BaseExpression  # x
+    layout: MaskIndex
+    confidence: Confidence
+    receiver_is_tensor: bool
+
+    def rewrite_blocker(self, method: str) -> str | None:
+        """Why the mask or the receiver keep the assignment from being rewritten to `method`, or None."""
+        if self.confidence is not Confidence.HIGH:
+            return f"the mask is known only by its name; make sure it is a bool tensor, then use `{method}`"
+        if not self.receiver_is_tensor:
+            return "the receiver is not known to be a tensor"
+        if not is_pure(self.receiver):
+            return "the receiver expression would be evaluated twice"
+        return None
+
+
+def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | None:
+    """`node` as a bool-mask assignment worth reporting, or None."""
+    if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
+        return None
+    if not ctx.in_hot_region():
+        return None
+    target = node.targets[0].target
+    layout = mask_index_layout(target)
+    if layout is None:
+        return None
+    confidence = mask_confidence(ctx, layout.mask)
+    if confidence is None:
+        return None
+    if confidence is not Confidence.HIGH and not _inverted(layout.mask):
+        return None  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
+    receiver_is_tensor = mask_site_evidence(ctx, target.value, layout.mask)
+    if receiver_is_tensor is None:
+        return None
+    return MaskAssignment(target.value, layout, confidence, receiver_is_tensor)
+
+
+def _inverted(mask: cst.BaseExpression) -> bool:
+    """`~mask`: bitwise-not of a name only makes sense as an index when the name holds booleans."""
+    return isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert)
+
+
 # ---------------------------------------------------------------------------------------------
 
 _SINK_METHODS = {"item", "tolist", "numpy", "cpu"}

@@ -3,14 +3,12 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, has_star_args, method_name, walk
+from gpulint.analysis import dotted_name, method_name, walk
 from gpulint.rules.dataloader_sync_loading import (
     LoaderFlow,
     add_keyword,
-    has_cuda_evidence,
+    checkable_loader_call,
     int_literal,
-    is_dataloader_call,
-    is_test_path,
     loader_arg,
 )
 
@@ -157,17 +155,14 @@ class DataloaderNoPersistentWorkers(Rule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        analysis = self.ctx.analysis
-        if not is_dataloader_call(analysis, node) or has_star_args(node) or is_test_path(self.ctx.path):
+        if not checkable_loader_call(self.ctx, node):
             return
         workers = loader_arg(node, "num_workers")
         if workers is None or int_literal(workers.value) == 0 or _is_none(workers.value):
             return
         if loader_arg(node, "persistent_workers") is not None or loader_arg(node, "worker_init_fn") is not None:
             return
-        if not has_cuda_evidence(self.ctx):
-            return
-        flow = LoaderFlow.of(analysis)
+        flow = LoaderFlow.of(self.ctx.analysis)
         epoch_loop = flow.iterated_per_epoch(node)
         if epoch_loop is None or _changes_dataset(epoch_loop, node):
             return

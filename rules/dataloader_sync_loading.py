@@ -1,29 +1,15 @@
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import FileAnalysis, dotted_name, has_star_args, walk
+from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, has_star_args, walk
 from gpulint.builders import add_keyword as _engine_add_keyword
 from gpulint.builders import expr, replace_keyword_value
-
-def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Direct children in source order, read from the dataclass fields (libcst's `.children` re-visits the
-    node and is far slower)."""
-    found: list[cst.CSTNode] = []
-    for name in node.__dataclass_fields__:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(item for item in value if isinstance(item, cst.CSTNode))
-    return found
-
 
 def add_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression | str) -> cst.Call:
     """`gpulint.builders.add_keyword`, but in a one-argument-per-line call whose lines carry comments the
@@ -89,6 +75,13 @@ def is_test_path(path: str) -> bool:
     return bool(_TEST_PATH.search(path))
 
 
+def checkable_loader_call(ctx, call: cst.Call) -> bool:
+    """A DataLoader construction the loader rules judge: in CUDA code, outside tests, and without
+    `*args`/`**kwargs` that may already set the option in question."""
+    return is_dataloader_call(ctx.analysis, call) and not has_star_args(call) and not is_test_path(ctx.path) \
+        and has_cuda_evidence(ctx)
+
+
 def iterated_expressions(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     """What a loop really iterates: `enumerate(tqdm(loader))` -> [loader]; `zip(a, b)` -> [a, b]."""
     if isinstance(node, cst.Call):
@@ -117,22 +110,12 @@ class _Carriers:
     lightning_train: bool = False  # returned from `train_dataloader()`
 
 
-class LoaderFlow:
+class LoaderFlow(PerFileFacts):
     """Per-file facts to decide whether a DataLoader's batches reach the training step (catalog: "its batches
     reach H") and whether it is iterated once per epoch. Purely syntactic, name-based, one file."""
 
-    _cache: "weakref.WeakKeyDictionary[FileAnalysis, LoaderFlow]" = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, analysis: FileAnalysis) -> "LoaderFlow":
-        flow = cls._cache.get(analysis)
-        if flow is None:
-            flow = cls(analysis)
-            cls._cache[analysis] = flow
-        return flow
-
     def __init__(self, analysis: FileAnalysis) -> None:
-        self.a = analysis
+        super().__init__(analysis)
         self.parents: dict[int, cst.CSTNode] = {}
         self.loops: list[cst.CSTNode] = []
         self.assigns: list[cst.CSTNode] = []
@@ -820,15 +803,12 @@ class DataloaderSyncLoading(Rule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        analysis = self.ctx.analysis
-        if not is_dataloader_call(analysis, node) or has_star_args(node) or is_test_path(self.ctx.path):
+        if not checkable_loader_call(self.ctx, node):
             return
         workers = loader_arg(node, "num_workers")
         if workers is not None and int_literal(workers.value) != 0:
             return
-        if not has_cuda_evidence(self.ctx):
-            return
-        flow = LoaderFlow.of(analysis)
+        flow = LoaderFlow.of(self.ctx.analysis)
         if not flow.reaches_training(node):
             return
         facts = dataset_facts(self.ctx, node, flow)

@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import FileAnalysis, dotted_name, method_name
-from gpulint.rules.dataloader_sync_loading import child_nodes
+from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, method_name, walk
 
 # ---------------------------------------------------------------------------------------------
 # Gradient-accumulation loops, shared by GPU061 and GPU062 (imported by grad_accum_loss_not_normalized).
@@ -78,19 +76,9 @@ def accumulation_test(test: cst.BaseExpression) -> tuple[bool, cst.BaseExpressio
     return found, steps
 
 
-class Accumulations:
-    _cache: "weakref.WeakKeyDictionary[FileAnalysis, Accumulations]" = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, analysis: FileAnalysis) -> "Accumulations":
-        found = cls._cache.get(analysis)
-        if found is None:
-            found = cls(analysis)
-            cls._cache[analysis] = found
-        return found
-
+class Accumulations(PerFileFacts):
     def __init__(self, analysis: FileAnalysis) -> None:
-        self.a = analysis
+        super().__init__(analysis)
         self.items: list[Accumulation] = []
         # one walk: the loops that (transitively) contain a backward call are the only candidates
         parents: dict[int, cst.CSTNode] = {}
@@ -297,7 +285,7 @@ class DdpAccumWithoutNoSync(Rule):
     def _ddp_models(self) -> set[str]:
         """Names (and attribute names) assigned a DDP-wrapped model in this file."""
         names: set[str] = set()
-        for node in _walk_all(self.ctx.module):
+        for node in walk(self.ctx.module, into_functions=True):
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
                 func = self.ctx.analysis.call_qualname(node.value) or dotted_name(node.value.func) or ""
                 if not _DDP.search(func):
@@ -310,7 +298,7 @@ class DdpAccumWithoutNoSync(Rule):
         return names
 
     def _calls_model(self, accumulation: Accumulation, names: set[str]) -> bool:
-        for node in _walk_all(accumulation.loop):
+        for node in walk(accumulation.loop, into_functions=True):
             if isinstance(node, cst.Call):
                 func = node.func
                 called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(
@@ -318,11 +306,3 @@ class DdpAccumWithoutNoSync(Rule):
                 if called in names:
                     return True
         return False
-
-
-def _walk_all(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(child_nodes(current))

@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, has_star_args
+from gpulint.analysis import dotted_name, has_star_args, walk
 
 # deprecated qualified name -> (new qualified name, device, kind)
 _DEPRECATED = {
@@ -319,7 +319,7 @@ class DeprecatedCudaAmpApi(Rule):
         """The single `from torch.{cuda,cpu}.amp[...] import ...` statement binding `local`, if it is the
         only binding of that name in the file."""
         found = []
-        for node in _walk(self.ctx.module):
+        for node in walk(self.ctx.module, into_functions=True):
             if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
                 for alias in node.names:
                     bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) \
@@ -402,14 +402,6 @@ class _ImportGroup:
         self.edits = edits  # None: report without a fix
         self.imports = imports
         self.gated = gated
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
 
 
 def _handler_types(node: cst.BaseExpression | None) -> list[cst.BaseExpression]:

@@ -5,8 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name
-from gpulint.rules.dataloader_sync_loading import child_nodes
+from gpulint.analysis import child_nodes, dotted_name
 
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
 _DEVICE_GUARD = re.compile(r"cuda|is_available|device|gpu|accelerator", re.I)

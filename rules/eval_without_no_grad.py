@@ -5,8 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, method_name, string_value
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes, is_test_path, iterated_expressions
+from gpulint.analysis import dotted_name, method_name, string_value, walk
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path, iterated_expressions
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
@@ -206,7 +206,8 @@ class EvalWithoutNoGrad(Rule):
             return
         if function is not None and self._called_under_no_grad(function.name.value):
             return
-        if any(isinstance(n, (cst.Yield, cst.Await)) for n in _walk(node)) or node.asynchronous is not None:
+        if node.asynchronous is not None or any(
+                isinstance(n, (cst.Yield, cst.Await)) for n in walk(node, into_functions=True)):
             self.report(node.iter)
             return
         spelled, imports = self.ctx.spell("torch.no_grad")
@@ -222,7 +223,7 @@ class EvalWithoutNoGrad(Rule):
 
     def _model_calls(self, root: cst.CSTNode):
         """`model(x)`, `self.net(x)`, and forward-like methods with an input: `agent.get_action_and_value(obs)`."""
-        for node in _walk(root):
+        for node in walk(root, into_functions=True):
             if not isinstance(node, cst.Call):
                 continue
             func = node.func
@@ -282,13 +283,11 @@ class EvalWithoutNoGrad(Rule):
         """A name assigned in the loop that feeds a backward() outside it (outputs stored, then trained on)."""
         scope = function.body if function is not None else self.ctx.module
         assigned: set[str] = set()
-        for node in _walk(loop):
+        for node in walk(loop, into_functions=True):
             if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
                 for target in targets:
-                    for inner in _walk(target):
-                        if isinstance(inner, cst.Name):
-                            assigned.add(inner.value)
+                    assigned |= _names(target)
             elif isinstance(node, cst.Call) and method_name(node) in ("append", "extend") and \
                     isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
                 assigned.add(node.func.value.value)
@@ -296,23 +295,23 @@ class EvalWithoutNoGrad(Rule):
             return False
         for _ in range(3):  # names computed from them later on (`loss = f(targets)`)
             grown = False
-            for node in _walk(scope):
+            # last assignment first: with three rounds, this order decides how long a chain of names is followed
+            for node in reversed(list(walk(scope, into_functions=True))):
                 if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and not _loop_contains(loop, node) \
-                        and node.value is not None \
-                        and {n.value for n in _walk(node.value) if isinstance(n, cst.Name)} & assigned:
+                        and node.value is not None and _names(node.value) & assigned:
                     targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                    new = {n.value for t in targets for n in _walk(t) if isinstance(n, cst.Name)} - assigned
+                    new = set().union(*(_names(t) for t in targets)) - assigned
                     if new:
                         assigned |= new
                         grown = True
             if not grown:
                 break
-        for node in _walk(scope):
+        for node in walk(scope, into_functions=True):
             if node is loop:
                 continue
             if isinstance(node, cst.Call) and (method_name(node) == "backward" or (
                     dotted_name(node.func) or "").endswith("autograd.grad")):
-                used = {n.value for n in _walk(node) if isinstance(n, cst.Name)}
+                used = _names(node)
                 if used & assigned or _loop_contains(loop, node):
                     return True
         return False
@@ -412,12 +411,8 @@ def _in_loop_within(flow: LoaderFlow, call: cst.Call, function: cst.FunctionDef)
 
 
 def _loop_contains(loop: cst.CSTNode, node: cst.CSTNode) -> bool:
-    return any(n is node for n in _walk(loop))
+    return any(n is node for n in walk(loop, into_functions=True))
 
 
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(child_nodes(current))
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in walk(node, into_functions=True) if isinstance(n, cst.Name)}

@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.analysis import call_arg, dotted_name, method_name, walk
 from gpulint.rules.gradscaler_with_bf16 import autocast_call_of, autocast_dtype
 from gpulint.rules.no_autocast import module_like
 from gpulint.rules.tf32_not_enabled import related_texts
@@ -173,24 +173,14 @@ class Fp16WithoutGradscaler(Rule):
         for call, function, order in self._halves:
             scope = function.body if function is not None else self.ctx.module
             if any(self.ctx.analysis.hot.get(id(n)) is HotKind.STEP_LOOP and self.ctx.analysis.order.get(id(n), 0)
-                   > order and _plain_backward(n) for n in _walk(scope)):
+                   > order and _plain_backward(n) for n in walk(scope)):
                 self.report(call, "Training a `.half()` model without loss scaling or fp32 master weights: "
                                   "small gradients underflow and updates are lost; keep fp32 weights under autocast")
 
 
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and current is not node:
-            continue
-        stack.extend(reversed(current.children))
-
-
 def _plain_backward(region: cst.CSTNode) -> bool:
     """Does the region call `loss.backward()` itself (not a framework's `accelerator.backward(loss)`)?"""
-    for node in _walk(region):
+    for node in walk(region):
         if isinstance(node, cst.Call) and method_name(node) == "backward" and isinstance(node.func, cst.Attribute):
             receiver = dotted_name(node.func.value) or ""
             if not _FRAMEWORK_BACKWARD.search(receiver) and not any(a.keyword is None for a in node.args):

@@ -5,8 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, method_name, string_value
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, child_nodes
+from gpulint.analysis import child_nodes, dotted_name, method_name, string_value, walk
+from gpulint.rules.dataloader_sync_loading import LoaderFlow
 from gpulint.rules.ddp_accum_without_no_sync import Accumulation, Accumulations
 
 _MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -155,8 +155,8 @@ class GradAccumLossNotNormalized(Rule):
         if expr is None or depth > 4:
             return True  # unknown: stay quiet
         if any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
-               for n in _walk(expr)) or any(method_name(n) in ("div", "div_", "true_divide") for n in _walk(expr)
-                                           if isinstance(n, cst.Call)):
+               or isinstance(n, cst.Call) and method_name(n) in ("div", "div_", "true_divide")
+               for n in walk(expr, into_functions=True)):
             return True
         if top and isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
             return True
@@ -259,7 +259,7 @@ def _is_mean_criterion(ctx, value: cst.BaseExpression) -> bool:
 
 def _grads_rescaled(accumulation: Accumulation) -> bool:
     """`p.grad /= n`, `p.grad.div_(n)` in the region: the gradients are normalised after the fact."""
-    for node in _walk(accumulation.region):
+    for node in walk(accumulation.region, into_functions=True):
         if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Attribute) and \
                 node.target.attr.value == "grad":
             return True
@@ -268,11 +268,3 @@ def _grads_rescaled(accumulation: Accumulation) -> bool:
                 node.func.value.attr.value == "grad":
             return True
     return False
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(child_nodes(current))

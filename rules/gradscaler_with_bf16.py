@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, is_true, method_name
+from gpulint.analysis import BindingKind, call_arg, dotted_name, is_true, method_name, walk
 from gpulint.rules.tf32_not_enabled import related_texts, search_texts
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
@@ -251,7 +251,7 @@ class GradscalerWithBf16(Rule):
         if any(_FP16_TEXT.search(text) for text in texts.values()):
             return None
         dtypes = []
-        for node in _walk(region):
+        for node in walk(region):
             if isinstance(node, cst.With):
                 for item in node.items:
                     call = autocast_call_of(item.item, _At(self.ctx, node))
@@ -285,16 +285,6 @@ class _At:
 
     def code(self, node):
         return self._ctx.code(node)
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and current is not node:
-            continue
-        stack.extend(reversed(current.children))
 
 
 def _remove_scaler(region: cst.CSTNode, scaler: str, ctx) -> cst.CSTNode | None:

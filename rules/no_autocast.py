@@ -5,7 +5,7 @@ from functools import lru_cache
 import libcst as cst
 
 from gpulint import Confidence, HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, dotted_name, method_name
+from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, dotted_name, method_name, walk
 from gpulint.rules.tf32_not_enabled import (FP64, LOW_PRECISION, _CUDA_TEXT, is_test_path, related_texts,
                                             search_texts)
 
@@ -312,7 +312,7 @@ class NoAutocast(Rule):
         if not self._large_network(texts):
             return
         if any(isinstance(n, cst.Call) and (dotted_name(n.func) or "").endswith("autocast")
-               for n in _walk(self.ctx.module)):
+               for n in walk(self.ctx.module, into_functions=True)):
             return  # added since the run read the file (an earlier fix pass)
         for region in self._regions:
             self._check_region(region)
@@ -340,8 +340,8 @@ class NoAutocast(Rule):
         if isinstance(region, cst.FunctionDef):
             return region
         best: cst.CSTNode = self.ctx.module
-        for node in _walk(self.ctx.module):
-            if isinstance(node, cst.FunctionDef) and any(n is region for n in _walk(node.body)):
+        for node in walk(self.ctx.module, into_functions=True):
+            if isinstance(node, cst.FunctionDef) and any(n is region for n in walk(node.body, into_functions=True)):
                 best = node
         return best
 
@@ -476,17 +476,9 @@ def module_like(expr: cst.BaseExpression, ctx, depth: int = 0) -> bool:
     return False
 
 
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
-
-
 def _parent_map(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
     parents: dict[int, cst.CSTNode] = {}
-    for node in _walk(root):
+    for node in walk(root, into_functions=True):
         for child in node.children:
             parents[id(child)] = node
     return parents
@@ -557,7 +549,7 @@ def _target_names(target: cst.BaseExpression) -> set[str]:
 
 def _assigned(statement: cst.CSTNode) -> set[str]:
     names: set[str] = set()
-    for node in _walk(statement):
+    for node in walk(statement, into_functions=True):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 names |= _target_names(target.target)
@@ -576,7 +568,7 @@ def _assigns_in(statements, name: str) -> bool:
 
 def _loaded(statement: cst.CSTNode) -> set[str]:
     names: set[str] = set()
-    for node in _walk(statement):
+    for node in walk(statement, into_functions=True):
         if isinstance(node, cst.Name):
             names.add(node.value)
         elif isinstance(node, cst.Attribute):
@@ -587,7 +579,7 @@ def _loaded(statement: cst.CSTNode) -> set[str]:
 
 
 def _calls(statement: cst.CSTNode) -> list[cst.Call]:
-    return [n for n in _walk(statement) if isinstance(n, cst.Call)]
+    return [n for n in walk(statement, into_functions=True) if isinstance(n, cst.Call)]
 
 
 def _contains_step(statement: cst.CSTNode) -> bool:
@@ -633,7 +625,7 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
 
 
 def _has_autocast(region: cst.CSTNode, ctx) -> bool:
-    for node in _walk(region):
+    for node in walk(region, into_functions=True):
         if isinstance(node, cst.With):
             for item in node.items:
                 expr = item.item.func if isinstance(item.item, cst.Call) else item.item

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name
+from gpulint.analysis import dotted_name, walk
 from gpulint.rules.tf32_not_enabled import (_program_index, current_text, location, tf32_facts,
                                             training_entry_anchor)
 
@@ -132,18 +132,10 @@ class Tf32ApiMix(Rule):
 
 
 def _first_new_api_assignment(module: cst.Module) -> cst.CSTNode | None:
-    for node in _walk_all(module):
+    for node in walk(module, into_functions=True):
         if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
             for target in targets:
                 if (dotted_name(target) or "").endswith("fp32_precision"):
                     return node
     return None
-
-
-def _walk_all(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))

@@ -3,13 +3,10 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import has_star_args
 from gpulint.rules.dataloader_sync_loading import (
     LoaderFlow,
-    has_cuda_evidence,
+    checkable_loader_call,
     int_literal,
-    is_dataloader_call,
-    is_test_path,
     loader_arg,
 )
 
@@ -84,13 +81,13 @@ class TinyBatchSize(Rule):
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not is_dataloader_call(self.ctx.analysis, node) or has_star_args(node) or is_test_path(self.ctx.path):
+        if not checkable_loader_call(self.ctx, node):
             return
         size_arg = loader_arg(node, "batch_size")
         size = int_literal(size_arg.value) if size_arg is not None else None
         if size is None or size < 1 or size >= int(self.option(self.ctx, "min-batch-size")):
             return
-        if loader_arg(node, "batch_sampler") is not None or not has_cuda_evidence(self.ctx):
+        if loader_arg(node, "batch_sampler") is not None:
             return
         if not LoaderFlow.of(self.ctx.analysis).reaches_training(node):
             return
