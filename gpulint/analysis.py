@@ -12,6 +12,7 @@ of "unknown".
 from __future__ import annotations
 
 import enum
+import inspect
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -72,15 +73,48 @@ def is_true(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
+_VISITED_FIELD = re.compile(r'visit_\w+\(\s*self,\s*"(\w+)"')
+_FIELD_ORDER: dict[type, tuple[str, ...]] = {}
+_IS_NODE: dict[type, bool] = {}
+_TOKEN_MODULES = {"libcst._nodes.whitespace", "libcst._nodes.op"}
+
+
+def _field_order(cls: type) -> tuple[str, ...]:
+    """The fields of a node class in the order libcst itself visits them (source order: a def's decorators
+    before its name, an `a if c else b`'s body before its test), read once per class from libcst's own
+    `_visit_and_replace_children`; dataclass order where that cannot be read."""
+    order = _FIELD_ORDER.get(cls)
+    if order is None:
+        try:
+            visited = _VISITED_FIELD.findall(inspect.getsource(cls._visit_and_replace_children))
+        except (OSError, TypeError):
+            visited = []
+        fields = list(cls.__dataclass_fields__)
+        order = tuple(dict.fromkeys([f for f in visited if f in fields] + fields))
+        _FIELD_ORDER[cls] = order
+    return order
+
+
+def _is_node(value: object) -> bool:
+    """A syntax node worth visiting: isinstance(value, CSTNode) without the ABC machinery (which dominated
+    traversal time), and not whitespace, comments, punctuation or operator tokens, which no rule or analysis
+    visits (they are read through their parent's fields, e.g. `node.operator`)."""
+    kind = type(value)
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode) and kind.__module__ not in _TOKEN_MODULES
+    return known
+
+
 def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     """Direct children in source order; reading dataclass fields is much cheaper than libcst's `.children`."""
     found: list[cst.CSTNode] = []
-    for name in node.__dataclass_fields__:
+    for name in _field_order(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if type(value) in (list, tuple):
+            found.extend(item for item in value if _is_node(item))
+        elif _is_node(value):
             found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(item for item in value if isinstance(item, cst.CSTNode))
     return found
 
 
