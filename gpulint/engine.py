@@ -11,7 +11,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from gpulint.analysis import FileAnalysis, analyze, child_nodes
+from gpulint.analysis import FileAnalysis, analyze, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
 from gpulint.rule import ImportRequest, Report, Rule, RuleContext
@@ -91,8 +91,7 @@ def _python_syntax_error(text: str, path: str) -> SyntaxError | None:
 
 class _Dispatcher:
     """Runs every rule's visit_/leave_ methods in a single traversal, keeping the ancestor stack. It walks the
-    tree itself (in libcst's visiting order, tokens and whitespace left out): libcst's own `visit` rebuilds
-    every node on the way back up, which cost more than all the rules together."""
+    tree with `analysis.traverse` (libcst's visiting order, tokens and whitespace left out)."""
 
     def __init__(self, rules: Sequence[Rule], ctx: RuleContext, path: str) -> None:
         self.ctx = ctx
@@ -106,21 +105,16 @@ class _Dispatcher:
                 elif attr.startswith("leave_"):
                     self.leavers.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
 
-    def traverse(self, root: cst.CSTNode) -> None:
-        pending: list[tuple[cst.CSTNode, bool]] = [(root, False)]
-        while pending:  # iterative: deeply nested expressions must not hit the recursion limit
-            node, children_done = pending.pop()
-            name = type(node).__name__
-            if children_done:
-                for rule, method in self.leavers.get(name, ()):
-                    self._call(rule, method, node)
-                self.ctx.ancestors.pop()
-                continue
-            self.ctx.ancestors.append(node)
-            for rule, method in self.visitors.get(name, ()):
-                self._call(rule, method, node)
-            pending.append((node, True))
-            pending.extend((child, False) for child in reversed(child_nodes(node)))
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.ctx.ancestors.append(node)
+        for rule, method in self.visitors.get(type(node).__name__, ()):
+            self._call(rule, method, node)
+        return True
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        for rule, method in self.leavers.get(type(node).__name__, ()):
+            self._call(rule, method, node)
+        self.ctx.ancestors.pop()
 
     def _call(self, rule: Rule, method: Callable, node: cst.CSTNode) -> None:
         try:
@@ -164,7 +158,8 @@ def lint_text(
     program = program or ProgramFacts.of_single_file(path, text, analysis)
     ctx = RuleContext(path, module, analysis, program, rule_options or {})
     instances = [rule(ctx) for rule in active]
-    _Dispatcher(instances, ctx, path).traverse(module)
+    dispatcher = _Dispatcher(instances, ctx, path)
+    traverse(module, dispatcher.on_visit, dispatcher.on_leave)
     for rule in instances:
         try:
             rule.finish()
