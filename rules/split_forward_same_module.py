@@ -854,6 +854,8 @@ class SplitForwardSameModule(Rule):
         return _Site(statement, small, call, template)
 
     def _groups(self, block: cst.IndentedBlock) -> list[list[_Site]]:
+        if not _repeats_a_callee(block):
+            return []  # most blocks: no two assignments call the same thing, nothing to group
         groups: list[list[_Site]] = []
         open_groups: dict[str, list[_Site]] = {}
         assigned_since: dict[str, set[str]] = {}
@@ -1190,6 +1192,25 @@ class SplitForwardSameModule(Rule):
 
 # ---------------------------------------------------------------------------------------------
 # helpers of the rule
+
+
+def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
+    """A cheap pre-check for _groups: two single-target assignments whose values call the same dotted name."""
+    seen: set[str] = set()
+    for statement in block.body:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            continue
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+            continue
+        call = _base_call(small.value)
+        if call is None:
+            continue
+        callee = dotted_name(call.func) or code_of(call.func)
+        if callee in seen:
+            return True
+        seen.add(callee)
+    return False
 
 
 def _base_call(value: cst.BaseExpression) -> cst.Call | None:
