@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import typing
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -74,36 +75,38 @@ def is_true(node: cst.BaseExpression | None) -> bool:
 
 
 _VISITED_FIELD = re.compile(r'visit_\w+\(\s*self,\s*"(\w+)"')
+# Whitespace, comments, brackets, punctuation and operator tokens: no rule or analysis visits them (operators are
+# read through their parent's fields, e.g. `node.operator`), and they are a third of all nodes.
+_TOKEN_TYPES = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment,
+                cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+                cst.RightCurlyBrace, cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual,
+                cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp,
+                cst.ImportStar, cst.Asynchronous)
 _FIELD_ORDER: dict[type, tuple[str, ...]] = {}
-_IS_NODE: dict[type, bool] = {}
-_TOKEN_MODULES = {"libcst._nodes.whitespace", "libcst._nodes.op"}
+
+
+def _holds_syntax(annotation: object) -> bool:
+    """Whether a field annotated so can hold a node other than a token (`Sequence[Arg]`, `BaseExpression`)."""
+    if isinstance(annotation, type):
+        return issubclass(annotation, cst.CSTNode) and not issubclass(annotation, _TOKEN_TYPES)
+    return any(_holds_syntax(arg) for arg in getattr(annotation, "__args__", ()))
 
 
 def _field_order(cls: type) -> tuple[str, ...]:
-    """The fields of a node class in the order libcst itself visits them (source order: a def's decorators
-    before its name, an `a if c else b`'s body before its test), read once per class from libcst's own
-    `_visit_and_replace_children`; dataclass order where that cannot be read."""
+    """The fields of a node class that can hold syntax, in the order libcst itself visits them (source order: a
+    def's decorators before its name, an `a if c else b`'s body before its test), read once per class from
+    libcst's own `_visit_and_replace_children`; dataclass order, all fields, where that cannot be read."""
     order = _FIELD_ORDER.get(cls)
     if order is None:
+        fields = list(cls.__dataclass_fields__)
         try:
             visited = _VISITED_FIELD.findall(inspect.getsource(cls._visit_and_replace_children))
-        except (OSError, TypeError):
-            visited = []
-        fields = list(cls.__dataclass_fields__)
-        order = tuple(dict.fromkeys([f for f in visited if f in fields] + fields))
-        _FIELD_ORDER[cls] = order
+            hints = typing.get_type_hints(cls)
+            fields = [f for f in dict.fromkeys([*visited, *fields]) if f in fields and _holds_syntax(hints.get(f))]
+        except (OSError, TypeError, NameError):
+            pass
+        order = _FIELD_ORDER[cls] = tuple(fields)
     return order
-
-
-def _is_node(value: object) -> bool:
-    """A syntax node worth visiting: isinstance(value, CSTNode) without the ABC machinery (which dominated
-    traversal time), and not whitespace, comments, punctuation or operator tokens, which no rule or analysis
-    visits (they are read through their parent's fields, e.g. `node.operator`)."""
-    kind = type(value)
-    known = _IS_NODE.get(kind)
-    if known is None:
-        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode) and kind.__module__ not in _TOKEN_MODULES
-    return known
 
 
 def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -112,8 +115,8 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     for name in _field_order(type(node)):
         value = getattr(node, name)
         if type(value) in (list, tuple):
-            found.extend(item for item in value if _is_node(item))
-        elif _is_node(value):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+        elif isinstance(value, cst.CSTNode):
             found.append(value)
     return found
 
