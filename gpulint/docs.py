@@ -20,6 +20,7 @@ from gpulint.registry import META_CODES, all_rules
 from gpulint.rule import Invalid, Rule, Valid
 
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs" / "rules"
+GPU_RESULTS = DOCS_DIR.parent.parent / "benchmarks" / "results" / "gpu_microchecks.md"
 GENERATED_NOTE = "<!-- Generated from the rule's source by `python -m gpulint.docs`; do not edit by hand. -->"
 
 
@@ -257,7 +258,21 @@ def rule_markdown(info: RuleInfo) -> str:
 
 
 def rule_page(info: RuleInfo) -> str:
-    return GENERATED_NOTE + "\n\n" + rule_markdown(info)
+    return GENERATED_NOTE + "\n\n" + rule_markdown(info) + _measured_lines(info.code)
+
+
+def _measured_lines(code: str) -> str:
+    """The rule's row of the GPU table written by benchmarks/gpu_microchecks.py, when the checkout has one."""
+    try:
+        lines = GPU_RESULTS.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    row = next((line for line in lines if line.startswith(f"| {code} |")), None)
+    header = next((i for i, line in enumerate(lines) if line.startswith("| rule |")), None)
+    if row is None or header is None:
+        return ""
+    caption = next((line for line in lines if line.startswith("Measured on")), "")
+    return "\n".join(["", "## Measured on a GPU", "", caption, "", *lines[header:header + 2], row, ""])
 
 
 def rule_json(info: RuleInfo) -> dict[str, Any]:
