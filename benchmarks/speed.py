@@ -12,6 +12,7 @@ Machines are shared and noisy, so only ratios from one run are meaningful.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -22,9 +23,24 @@ import time
 from pathlib import Path
 
 
-def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
+PARSE_FLOOR = """
+import sys, pathlib, libcst
+for path in pathlib.Path(sys.argv[1]).rglob("*.py"):
+    try:
+        libcst.parse_module(path.read_bytes())
+    except Exception:
+        pass
+"""
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str], timeout: float | None = None) -> float:
+    """Seconds the command took; math.inf when it ran past `timeout` (it is stopped)."""
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        completed = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return math.inf
     elapsed = time.perf_counter() - start
     if completed.returncode not in (0, 1):
         raise RuntimeError(f"{command[0]} failed ({completed.returncode}): {completed.stderr.decode()[-500:]}")
@@ -36,6 +52,7 @@ def main() -> int:
     parser.add_argument("corpus", type=Path)
     parser.add_argument("--peers-bin", type=Path, help="bin/ of a venv with torchfix, fixit and ruff")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900, help="stop a run after this many seconds")
     args = parser.parse_args()
     corpus = args.corpus.resolve()
     files = sum(1 for _ in corpus.rglob("*.py"))
@@ -51,6 +68,7 @@ def main() -> int:
     tools: list[tuple[str, list[str]]] = [
         ("gpulint cold", [*gpulint, "--no-cache"]),
         ("gpulint warm", [*gpulint, "--cache-dir", str(cache)]),
+        ("floor: libcst parse only, 1 process", [sys.executable, "-c", PARSE_FLOOR, str(corpus)]),
     ]
     for name, command in (("torchfix", ["torchfix", str(corpus)]),
                           ("fixit", ["fixit", "lint", str(corpus)]),
@@ -64,7 +82,9 @@ def main() -> int:
     timed(tools[1][1], corpus, env)  # fill the warm cache once
     medians: dict[str, float] = {}
     for name, command in tools:
-        runs = [timed(command, corpus, env) for _ in range(args.repeat)]
+        runs: list[float] = []
+        while len(runs) < args.repeat and math.inf not in runs:  # a run past the timeout is not repeated
+            runs.append(timed(command, corpus, env, args.timeout))
         medians[name] = statistics.median(runs)
         print(f"{name}: {', '.join(f'{r:.2f}' for r in runs)} s", file=sys.stderr)
     shutil.rmtree(cache, ignore_errors=True)
@@ -76,7 +96,8 @@ def main() -> int:
     for name, value in medians.items():
         versus_torchfix = f"{value / base:.3f}x" if base else "-"
         versus_ruff = f"{value / ruff:.2f}x" if ruff else "-"
-        print(f"| {name} | {value:.2f} | {versus_torchfix} | {versus_ruff} |")
+        shown = f"> {args.timeout:.0f} (stopped)" if value == math.inf else f"{value:.2f}"
+        print(f"| {name} | {shown} | {versus_torchfix} | {versus_ruff} |")
     return 0
 
 
