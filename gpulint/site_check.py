@@ -35,6 +35,7 @@ DISALLOWED_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFuncti
 SHAPES = ((4, 8), (5, 5), (2, 4, 8, 8), (16,), (3, 5, 7))  # (5, 5): a row mask also fits columns
 MAX_PLANS = 5  # bindings (shape, mask shape) the original runs on that are compared, at most
 SEEDS = (11, 12)
+MAX_LITERAL = 1 << 20  # user code runs for real: `torch.zeros(10**9)` must not allocate 4 GB here
 _SHAPE_METHODS = {"view", "reshape", "size", "expand", "repeat", "transpose", "permute", "split", "chunk",
                   "narrow", "unsqueeze", "squeeze", "flatten", "sum", "mean", "softmax", "log_softmax", "argmax",
                   "max", "min", "cumsum", "topk", "movedim", "amax", "amin", "std", "var", "norm"}
@@ -128,6 +129,24 @@ class _Inspection(ast.NodeVisitor):
         if isinstance(node, DISALLOWED_NODES):
             raise _Unsafe(f"contains {type(node).__name__.lower()}")
         super().generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, int) and abs(node.value) > MAX_LITERAL:
+            raise _Unsafe(f"a literal size of {node.value} would allocate a real tensor that large")
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, (ast.Pow, ast.LShift, ast.Mult)) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.right, ast.Constant):
+            if isinstance(node.op, (ast.Pow, ast.LShift)) and not (isinstance(node.right.value, (int, float))
+                                                                  and node.right.value <= 64):
+                raise _Unsafe("a large constant power")  # evaluating 9 ** 10**9 alone would hang
+            try:
+                value = eval(compile(ast.Expression(node), "<literal>", "eval"), {"__builtins__": {}})  # noqa: S307
+            except Exception:  # noqa: BLE001 - e.g. 2 ** "x": the snippet fails anyway
+                value = 0
+            if isinstance(value, int) and abs(value) > MAX_LITERAL:
+                raise _Unsafe(f"a computed size of {value} would allocate a real tensor that large")
+        self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr.startswith("_"):

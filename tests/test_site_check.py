@@ -115,3 +115,9 @@ def test_fix_apply_verifies_sites_in_a_separate_process(tmp_path):
                                 "--no-cache", "-v", str(path)], capture_output=True, text=True, cwd=tmp_path)
     assert "1 of 1 rewritten sites verified on their own code" in completed.stderr, completed.stderr
     assert "x.to(device, non_blocking=True)" in path.read_text()
+
+
+@pytest.mark.parametrize("original", ["torch.zeros(10 ** 9).to(device)", "x = sum(range(10 ** 12))",
+                                      "x = 9 ** 999999999", "torch.ones(1 << 40).cuda()"])
+def test_sizes_that_would_exhaust_memory_or_time_are_not_run(original):
+    assert check_site(original, "x", 1, MODULE).status == "fallback"
