@@ -12,9 +12,13 @@ _CONV = re.compile(
     r"alexnet|googlenet)\w*\(")
 _BENCHMARK = re.compile(r"\bcudnn\.benchmark\b|\bbenchmark\s*=\s*(True|False)")
 _DETERMINISTIC = re.compile(r"\bcudnn\.deterministic\b|use_deterministic_algorithms\(")
-# Input shapes that change from batch to batch: sequences padded to the batch maximum. (Multi-scale training has
-# no reliable textual sign: "multiscale" is also a model name in timm.)
-_VARIABLE_SHAPES = re.compile(r"\bpad_sequence\(|\bpack_padded_sequence\(")
+# Input shapes that change from batch to batch: sequences padded to the batch maximum. They reach a cuDNN
+# convolution only through a convolution over the sequence axis (a 1-d conv); a program whose only convs are 2-d/3-d
+# image convs pads its sequences for an RNN or a transformer. `pack_padded_sequence` is no evidence: a packed
+# sequence can only feed an RNN. (Multi-scale training has no reliable textual sign: "multiscale" is also a model
+# name in timm.)
+_VARIABLE_SHAPES = re.compile(r"\bpad_sequence\(")
+_SEQUENCE_CONV = re.compile(r"\bConv(Transpose)?1d\(|\bconv(_transpose)?1d\(")
 _CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|torch\.accelerator\.""")
 _TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$")
 
@@ -24,8 +28,10 @@ class CudnnBenchmark(Rule):
     ## What it does
     Two cases. A convolutional network trained on CUDA whose program never sets
     `torch.backends.cudnn.benchmark` (suggest `True`, reported once per file at the training loop); and
-    `torch.backends.cudnn.benchmark = True` in a conv program whose input shapes vary from batch to batch
-    (sequences padded per batch with `pad_sequence` / `pack_padded_sequence`), where it should be `False`.
+    `torch.backends.cudnn.benchmark = True` in a program whose convolution inputs vary from batch to batch
+    (sequences padded per batch with `pad_sequence`, in a program with a 1-d convolution over them), where it
+    should be `False`. Padded sequences that only feed RNNs or transformers (`pack_padded_sequence`, a
+    program whose convs are image convs) do not count: they never reach a cuDNN convolution.
     Deterministic setups (`cudnn.deterministic`, `use_deterministic_algorithms`) are left alone.
 
     ## Why is this slow
@@ -86,6 +92,24 @@ class CudnnBenchmark(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # fixed-size images into the conv encoder; the padded captions feed an RNN decoder
+            """
+            import torch
+            import torch.nn as nn
+            from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+            torch.backends.cudnn.benchmark = True
+            encoder = nn.Sequential(nn.Conv2d(3, 64, 3), nn.AdaptiveAvgPool2d(1)).cuda()
+            decoder = nn.GRU(64, 128, batch_first=True).cuda()
+            def collate(batch):
+                images = torch.stack([b[0] for b in batch])
+                captions = pad_sequence([b[1] for b in batch], batch_first=True)
+                return images, captions, [len(b[1]) for b in batch]
+            for images, captions, lengths in loader:
+                feats = encoder(images.cuda()).flatten(1)
+                packed = pack_padded_sequence(embed(captions.cuda(), feats), lengths, batch_first=True)
+                out, _ = decoder(packed)
+            """
+        ),
         Invalid(
             """
             import torch
@@ -137,7 +161,7 @@ class CudnnBenchmark(Rule):
         if not any(self.ctx.qualname(t.target) == "torch.backends.cudnn.benchmark" for t in node.targets):
             return
         texts = program_texts(self.ctx)
-        if any(_CONV.search(t) for t in texts) and any(_VARIABLE_SHAPES.search(t) for t in texts):
+        if any(_SEQUENCE_CONV.search(t) for t in texts) and any(_VARIABLE_SHAPES.search(t) for t in texts):
             self.report(node, "`cudnn.benchmark = True` with input shapes that vary per batch re-runs the "
                               "autotuner for every new shape; set it to False")
 

@@ -5,6 +5,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, method_name
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
+from gpulint.rules.host_sync_in_hot_loop import HOST, Placement
 
 # torch functions whose output size depends on the data (x[mask] and masked_select are GPU001)
 _FUNCTIONS = {"torch.nonzero": "nonzero", "torch.argwhere": "argwhere", "torch.unique": "unique",
@@ -19,7 +20,9 @@ class DynamicShapeOp(Rule):
     Finds operators whose output size depends on tensor values in the training step, the forward pass or
     compiled code: `nonzero`/`argwhere`, one-argument `torch.where(cond)`, `unique`/`unique_consecutive`,
     `bincount` without `minlength`, and `repeat_interleave` with tensor repeats and no `output_size`.
-    (Boolean-mask indexing and `masked_select` are GPU001.)
+    (Boolean-mask indexing and `masked_select` are GPU001.) Operands known to be host data (a CPU tensor from
+    `torch.tensor(...)`, `torch.from_numpy(...)` or `torch.arange(...)` without `device=`, never moved) need
+    no device sync and are only reported in compiled code, as a graph break.
 
     ## Why is this slow
     The host cannot size the output until the GPU has counted it, so each call synchronizes (an H100 shows one
@@ -69,6 +72,18 @@ class DynamicShapeOp(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # CPU tensors built from Python data: sized on the host, no device sync
+            """
+            import torch
+            class Splitter(torch.nn.Module):
+                def forward(self, crops):
+                    widths = torch.tensor([c.shape[-1] for c in crops])
+                    _, counts = torch.unique_consecutive(widths, return_counts=True)
+                    order = torch.arange(len(crops))
+                    evens = torch.nonzero(order % 2 == 0)
+                    return counts, evens
+            """
+        ),
         Invalid(
             """
             import torch
@@ -93,9 +108,29 @@ class DynamicShapeOp(Rule):
         op = self._dynamic_op(node)
         if op is None or not self.ctx.in_hot_region():
             return
-        severity = Severity.WARNING if self.ctx.is_compiled() else Severity.INFO
+        compiled = self.ctx.is_compiled()
+        if self._host_operand(node):
+            if compiled:  # no device sync, but still a graph break
+                self.report(node, f"`{op}` has a data-dependent output shape: a graph break under torch.compile",
+                            severity=Severity.WARNING)
+            return
+        severity = Severity.WARNING if compiled else Severity.INFO
         self.report(node, f"`{op}` has a data-dependent output shape: one host sync per call, a graph break "
                           f"under torch.compile", severity=severity)
+
+    def _host_operand(self, node: cst.Call) -> bool:
+        """Is the operand known host data (a CPU tensor built from Python/NumPy data, a CPU factory without
+        `device=`, a DataLoader batch not yet moved)? Sizing its output needs no device sync."""
+        if isinstance(node.func, cst.Attribute) and self.ctx.qualname(node.func) is None:
+            operand = node.func.value  # `t.unique()`
+        else:
+            arg = call_arg(node, "input", 0)
+            if arg is None or arg.keyword is not None and arg.keyword.value != "input":
+                return False
+            operand = arg.value
+        if self.ctx.evidence.is_cpu_source(operand):
+            return True
+        return Placement(self.ctx).of(operand) == HOST
 
     def _dynamic_op(self, node: cst.Call) -> str | None:
         qual = self.ctx.qualname(node.func) or ""

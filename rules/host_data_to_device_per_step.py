@@ -13,6 +13,7 @@ from gpulint.rules.host_sync_in_hot_loop import (
     TENSOR,
     Placement,
     amortised,
+    collective_only,
     has_cuda_evidence,
 )
 
@@ -31,7 +32,10 @@ class HostDataToDevicePerStep(Rule):
     Finds tensors built from host data and copied to the GPU inside the training step or a model's `forward`:
     `torch.from_numpy(a).to(device)`, `torch.tensor(obs).cuda()`, `torch.FloatTensor(batch).to(device)`,
     `torch.tensor(values, device=device)`. When the data is a literal constant the finding says to create the
-    tensor once instead.
+    tensor once instead. Not reported: code in `if step % N == 0:` blocks (evaluation, sampling, logging every
+    N steps), and a tensor whose only uses are `torch.distributed` collectives and reading the result back
+    (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`, `bool(t.item())`): NCCL needs the value on
+    the device to agree across ranks.
 
     ## Why is this slow
     Each call allocates a tensor in pageable host memory and copies it to the GPU; the copy from pageable
@@ -89,6 +93,44 @@ class HostDataToDevicePerStep(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # once every N steps
+            """
+            import torch
+            for step in range(1000):
+                loss = policy(next(batches).cuda()).mean()
+                loss.backward()
+                optimizer.step()
+                if step % 100 == 0:
+                    prompt = torch.tensor(tokenize("hello"), dtype=torch.long, device="cuda")
+                    print(sample(policy, prompt))
+            """
+        ),
+        Valid(  # a host value shared with the other ranks: the collective needs it on the device
+            """
+            import torch
+            import torch.distributed as dist
+            device = torch.device("cuda")
+            for step in range(1000):
+                loss = policy(next(batches).to(device)).mean()
+                loss.backward()
+                optimizer.step()
+                reward = torch.tensor(mean_reward(), dtype=torch.float32, device=device)
+                dist.all_reduce(reward, op=dist.ReduceOp.AVG)
+                log(step, reward.item())
+            """
+        ),
+        Invalid(  # used in the computation, not only for the collective
+            """
+            import torch
+            import torch.distributed as dist
+            for step in range(1000):
+                weights = torch.tensor(schedule(step), device="cuda")
+                dist.broadcast(weights, src=0)
+                loss = (policy(next(batches).cuda()) * weights).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -137,7 +179,9 @@ class HostDataToDevicePerStep(Rule):
             if device is None or not self._device_target(device.value):
                 return
             source = node
-        if not self.ctx.in_hot_region():
+        if not self.ctx.in_hot_region() or amortised(self.ctx):
+            return  # `if step % N == 0:` blocks (eval, sampling, logging) run once every N steps
+        if self._agreement_across_ranks(node):
             return
         data = source.args[0].value if source.args and source.args[0].keyword is None else None
         qual = self.ctx.qualname(source.func) or ""
@@ -147,16 +191,26 @@ class HostDataToDevicePerStep(Rule):
         elif data is not None and not qual.endswith("from_numpy"):
             if Placement(self.ctx).of(data) in (DEVICE, TENSOR):
                 return  # not host data
-        severity = Severity.INFO if amortised(self.ctx) else Severity.WARNING
         if data is not None and _is_constant(data):
             self.report(node, "Constant tensor rebuilt from Python data and copied to the GPU every step: create it "
-                              "once (before the loop, or `self.register_buffer(...)` in a module)", severity=severity)
+                              "once (before the loop, or `self.register_buffer(...)` in a module)")
             return
         self.report(node, "Host data turned into a GPU tensor every step: a blocking pageable copy per call; use a "
-                          "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU",
-                    severity=severity)
+                          "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU")
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _agreement_across_ranks(self, node: cst.Call) -> bool:
+        """`t = torch.tensor(flag, device=d)` whose only uses are torch.distributed collectives and reading the
+        result back: NCCL needs the value on the device, so the copy is the point."""
+        parent = self.ctx.parent()
+        if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
+            target = parent.targets[0].target
+        elif isinstance(parent, cst.AnnAssign) and parent.value is node:
+            target = parent.target
+        else:
+            return False
+        return isinstance(target, cst.Name) and collective_only(self.ctx, target.value)
 
     def _host_constructor(self, node: cst.BaseExpression) -> cst.Call | None:
         """`torch.from_numpy(a)` / `torch.tensor(x)` (without device=) under host-only methods like `.float()`."""

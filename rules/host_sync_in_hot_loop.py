@@ -6,7 +6,7 @@ from typing import Iterable
 import libcst as cst
 
 from gpulint import Device, Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, string_value, walk
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, string_value, walk
 from gpulint.rule import RuleContext
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +489,183 @@ def amortised(ctx: RuleContext) -> bool:
     return False
 
 
+_EXIT_CALLS = {"sys.exit", "os._exit", "os.abort"}
+_EXIT_BUILTINS = {"exit", "quit"}
+
+
+def _terminates(ctx: RuleContext, block: cst.BaseSuite) -> bool:
+    """Does this block always end by raising or exiting the process (`raise ...`, `sys.exit(1)`, `os._exit`)?"""
+    body = list(block.body)
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        small = last.body[-1] if last.body else None
+        if isinstance(small, cst.Raise):
+            return True
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if ctx.qualname(func) in _EXIT_CALLS:
+                return True
+            return isinstance(func, cst.Name) and func.value in _EXIT_BUILTINS \
+                and not ctx.analysis.bindings_of(func.value, ctx.ancestors)
+        return False
+    if isinstance(last, cst.If):  # `if a: raise X` / `else: raise Y`: every branch must end the run
+        branch: cst.If | cst.Else | None = last
+        while isinstance(branch, cst.If):
+            if not _terminates(ctx, branch.body):
+                return False
+            branch = branch.orelse
+        return isinstance(branch, cst.Else) and _terminates(ctx, branch.body)
+    return False
+
+
+def on_error_path(ctx: RuleContext) -> bool:
+    """Is the current node part of a `raise` statement, or inside an `if`/`elif`/`else` branch that always ends in
+    `raise` / `sys.exit()` / `exit()` / `os._exit()` (the branch's body, not its test)? That code runs once, when
+    the run fails, not every step."""
+    ancestors = ctx.ancestors
+    for index in range(len(ancestors) - 2, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.Raise):
+            return True
+        if isinstance(node, (cst.If, cst.Else)) and ancestors[index + 1] is node.body \
+                and _terminates(ctx, node.body):
+            return True
+    return False
+
+
+# -- tensors that exist only to agree across ranks ----------------------------------------------------------------
+
+_COLLECTIVES = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce",
+                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "gather", "scatter",
+                "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv"}
+_READ_BACK_METHODS = {"item", "tolist", "cpu"}
+_READ_BACK_BUILTINS = {"bool", "int", "float"}
+_SHAPE_ONLY = {"torch.zeros_like", "torch.empty_like", "torch.ones_like"}
+_SCOPE_INDEX: dict[int, tuple[cst.CSTNode, dict[int, cst.CSTNode], dict[str, list[cst.Name]]]] = {}
+
+
+def _scope_index(root: cst.CSTNode) -> tuple[dict[int, cst.CSTNode], dict[str, list[cst.Name]]]:
+    """Parents of the nodes of a scope (not descending into nested defs) and its `Name` nodes by value."""
+    cached = _SCOPE_INDEX.get(id(root))
+    if cached is not None and cached[0] is root:
+        return cached[1], cached[2]
+    parents: dict[int, cst.CSTNode] = {}
+    names: dict[str, list[cst.Name]] = {}
+    stack: list[cst.CSTNode] = [root]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            names.setdefault(current.value, []).append(current)
+        if current is not root and isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        for child in child_nodes(current):
+            parents[id(child)] = current
+            stack.append(child)
+    if len(_SCOPE_INDEX) > 16:
+        _SCOPE_INDEX.clear()
+    _SCOPE_INDEX[id(root)] = (root, parents, names)
+    return parents, names
+
+
+def _allowed_use(ctx: RuleContext, name: cst.Name, parents: dict[int, cst.CSTNode]) -> bool:
+    """An occurrence of the name that is a (re)binding, an argument of a torch.distributed collective, a
+    shape-only use (`torch.zeros_like(t)`), or reading the value back to the host (`t.item()`, `t[0].tolist()`,
+    `bool(t)`)."""
+    parent = parents.get(id(name))
+    if isinstance(parent, (cst.AssignTarget, cst.AnnAssign)) and parent.target is name:
+        return True
+    if isinstance(parent, cst.Del):
+        return True
+    if isinstance(parent, cst.Arg) and parent.value is name:
+        call = parents.get(id(parent))
+        if isinstance(call, cst.Call):
+            qual = ctx.qualname(call.func) or ""
+            if qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in _COLLECTIVES:
+                return True
+            if qual in _SHAPE_ONLY:
+                return True
+    node: cst.CSTNode = name
+    while isinstance(parents.get(id(node)), cst.Subscript) and parents[id(node)].value is node:  # type: ignore
+        node = parents[id(node)]
+    parent = parents.get(id(node))
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _READ_BACK_METHODS:
+        call = parents.get(id(parent))
+        return isinstance(call, cst.Call) and call.func is parent and not call.args
+    if isinstance(parent, cst.Arg) and parent.value is node:
+        call = parents.get(id(parent))
+        return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) \
+            and call.func.value in _READ_BACK_BUILTINS and len(call.args) == 1
+    return False
+
+
+def collective_only(ctx: RuleContext, name: str) -> bool:
+    """Is every use of `name` in its scope a torch.distributed collective or a read-back to the host? Such a
+    tensor carries a host value to the other ranks (`t = torch.tensor(flag, device=d)`,
+    `dist.all_reduce(t)`, `flag = bool(t.item())`): NCCL needs it on the device and the result is needed on the
+    host, so neither the copy nor the read-back can be avoided."""
+    scope_node = None
+    for scope in ctx.analysis.scope_chain(ctx.ancestors):
+        if name in scope.globals_:
+            continue
+        if name in scope.bindings:
+            scope_node = scope.node
+            break
+    if scope_node is None:
+        return False
+    parents, names = _scope_index(scope_node)
+    found_collective = False
+    for occurrence in names.get(name, []):
+        if not _allowed_use(ctx, occurrence, parents):
+            return False
+        parent = parents.get(id(occurrence))
+        if isinstance(parent, cst.Arg):
+            qual = ctx.qualname(parents[id(parent)].func) or ""  # type: ignore[union-attr]
+            found_collective = found_collective or qual.startswith("torch.distributed.")
+    return found_collective
+
+
+_HOST_BUILT = {"tensor", "as_tensor", "asarray", "full", "zeros", "ones", "empty"}
+_HOST_FACTORIES = {"tensor", "as_tensor", "asarray", "from_numpy", "Tensor", "FloatTensor", "DoubleTensor",
+                   "LongTensor", "IntTensor", "BoolTensor"}
+
+
+def built_from_host_on_device(ctx: RuleContext, value: cst.BaseExpression | None) -> bool:
+    """`torch.tensor(x, device=d)`, `torch.full((1,), x, device=d)`, `torch.tensor(x).to(d)` / `.cuda()`."""
+    if not isinstance(value, cst.Call):
+        return False
+    qual = ctx.qualname(value.func) or ""
+    if qual.startswith("torch.") and qual.count(".") == 1:
+        return qual[len("torch."):] in _HOST_BUILT and call_arg(value, "device") is not None
+    if method_name(value) in ("to", "cuda") and isinstance(value.func, cst.Attribute):
+        inner = value.func.value
+        while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) \
+                and method_name(inner) in ("float", "double", "long", "int", "bool", "view", "reshape"):
+            inner = inner.func.value
+        if isinstance(inner, cst.Call):
+            inner_qual = ctx.qualname(inner.func) or ""
+            return inner_qual.startswith("torch.") and inner_qual.count(".") == 1 \
+                and inner_qual[len("torch."):] in _HOST_FACTORIES
+    return False
+
+
+def collective_read_back(ctx: RuleContext, value: cst.BaseExpression) -> bool:
+    """Reading back (`.item()`, `bool(t)`) a tensor built from host data whose only other uses are
+    torch.distributed collectives: a cross-rank agreement whose result the host needs."""
+    while isinstance(value, cst.Subscript):
+        value = value.value
+    if not isinstance(value, cst.Name):
+        return False
+    bindings = ctx.analysis.bindings_of(value.value, ctx.ancestors)
+    if not bindings or any(b.kind is not BindingKind.ASSIGN or not built_from_host_on_device(ctx, b.value)
+                           for b in bindings):
+        return False
+    return collective_only(ctx, value.value)
+
+
 def has_cuda_evidence(ctx: RuleContext) -> bool:
     return ctx.program.cuda_evidence or ctx.program.maybe_cuda_evidence
 
@@ -509,7 +686,12 @@ class HostSyncInHotLoop(Rule):
     `writer.add_scalar(tag, loss)`). It fires only on values with tensor evidence in a program that uses
     CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
     results of an earlier `.item()`) are not syncs and are ignored. Inside `if step % N == 0:` blocks and in
-    evaluation loops outside the training step the finding is only informational.
+    evaluation loops outside the training step the finding is only informational. Code that runs only when
+    the run fails is ignored: a `raise` statement, or an `if`/`else` branch that always ends in `raise`,
+    `sys.exit()`, `exit()` or `os._exit()` (the branch's test still runs every step and is checked). So is
+    reading back a tensor built from host data whose only other uses are `torch.distributed` collectives
+    (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`, `bool(t.item())`): agreeing across ranks needs
+    the value on the device for NCCL and back on the host for the decision.
 
     ## Why is this slow
     The host must wait for every queued kernel before it can read a GPU value, so each such call drains the
@@ -583,6 +765,52 @@ class HostSyncInHotLoop(Rule):
                 total += loss.item()
             """
         ),
+        Valid(  # only on the error path: in the raised exception, or in a branch that ends the run
+            """
+            import sys
+            import torch
+            import torch.nn.functional as F
+            for x, y in loader:
+                loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                if not torch.isfinite(loss).all():
+                    raise RuntimeError(f"diverged: {loss.item()}")
+                if bad_batch(x):
+                    print("stopping at loss", loss.item())
+                    sys.exit(1)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # a host value agreed on across ranks: NCCL needs a device tensor, the host needs the result
+            """
+            import torch
+            import torch.distributed as dist
+            device = torch.device("cuda")
+            for step in range(num_steps):
+                loss = model(next(batches).to(device)).mean()
+                loss.backward()
+                optimizer.step()
+                stop = torch.tensor(time_is_up(), dtype=torch.int32, device=device)
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+                if bool(stop.item()):
+                    break
+            """
+        ),
+        Invalid(  # the check itself reads the loss every step; the message in the exiting branch does not count
+            """
+            import math
+            import sys
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x.cuda()), y.cuda())
+                if not math.isfinite(loss.item()):
+                    print("loss is", loss.item())
+                    sys.exit(1)
+                loss.backward()
+                optimizer.step()
+            """,
+            count=1,
+        ),
         Invalid(
             """
             import torch
@@ -618,6 +846,8 @@ class HostSyncInHotLoop(Rule):
 
     def _region_severity(self) -> Severity | None:
         kind = self.ctx.hot_kind()
+        if (kind is not None or self._innermost_loop() is not None) and on_error_path(self.ctx):
+            return None  # reporting a failure: runs once, when the run stops
         loop = self._innermost_loop()
         if kind is not None:
             if amortised(self.ctx) or self._in_no_grad_function():
@@ -724,7 +954,7 @@ class HostSyncInHotLoop(Rule):
             return
         placement = Placement(self.ctx)
         for report_node, value, what in candidates:  # type: ignore[misc]
-            if placement.may_be_on_device(value):
+            if placement.may_be_on_device(value) and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name
+from gpulint.analysis import child_nodes, dotted_name, method_name
 from gpulint.rules.empty_cache_in_loop import gated
 
 _SYNCHRONIZE = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
@@ -13,14 +13,19 @@ _TIMING = re.compile(r"\b(time|perf_counter|perf_counter_ns|monotonic|monotonic_
                      r"default_timer|timeit|elapsed_time|Event|record|tic|toc|timer|Timer|elapsed|stopwatch)\b")
 _TOOL_PATH = re.compile(r"(^|[\\/_])(bench\w*|benchmarks?|profil\w*)(\.py$|[\\/_])", re.I)
 _WINDOW = 3  # statements either side that count as "adjacent"
+# Reading a clock: what a synchronize before it makes accurate.
+_TIMER_READS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+                "time.monotonic_ns", "timeit.default_timer"}
+_CONDITIONAL = (cst.If, cst.IfExp, cst.For, cst.While, cst.ExceptHandler, cst.BooleanOperation, cst.CompFor)
 
 
 class SynchronizeInLoop(Rule):
     """
     ## What it does
     Finds `torch.cuda.synchronize()` on every training step (in a training loop, a step function or a
-    `forward`) that is not part of timing code (`time.time()`, `time.perf_counter()`, `torch.cuda.Event`
-    within a few statements).
+    `forward`) that is not part of timing code: timing calls within a few statements, or a clock read
+    (`time.time()`, `time.perf_counter()`, `time.monotonic()`, `event.elapsed_time(...)`) anywhere later in
+    the same loop body with no other synchronize in between.
 
     ## Why is this slow
     `synchronize()` blocks the host until every queued kernel has finished. The CPU then starts queueing the
@@ -77,6 +82,24 @@ class SynchronizeInLoop(Rule):
                     print(torch.cuda.max_memory_allocated())
             """
         ),
+        Valid(  # the clock read a few statements later measures the step
+            """
+            import time
+            import torch
+            end = time.time()
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+                torch.cuda.synchronize()
+                losses.append(loss.detach())
+                stats.update(step=len(losses))
+                meter.count += 1
+                epoch_log.mark()
+                step_times.append(time.time() - end)
+                end = time.time()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -84,6 +107,22 @@ class SynchronizeInLoop(Rule):
                 model(x).sum().backward()
                 optimizer.step()
                 torch.cuda.synchronize()
+            """
+        ),
+        Invalid(  # the clock is read only every N steps: the other steps' synchronize serves nothing
+            """
+            import time
+            import torch
+            for i, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                optimizer.step()
+                torch.cuda.synchronize()
+                losses.append(1)
+                stats.update(step=i)
+                meter.count += 1
+                epoch_log.mark()
+                if i % 100 == 0:
+                    print(time.perf_counter() - start)
             """
         ),
     ]
@@ -96,9 +135,49 @@ class SynchronizeInLoop(Rule):
             return
         if _TOOL_PATH.search(self.ctx.path) or not self.ctx.in_hot_region() or gated(self.ctx.ancestors):
             return
-        if self._near_timing():
+        if self._near_timing() or self._timer_read_follows(node):
             return
         self.report(node)
+
+    def _is_synchronize(self, node: cst.Call) -> bool:
+        return self.ctx.analysis.call_qualname(node) in _SYNCHRONIZE or (
+            isinstance(node.func, cst.Attribute) and node.func.attr.value == "synchronize"
+            and (dotted_name(node.func.value) or "").endswith(("current_stream", "default_stream")))
+
+    def _is_timer_read(self, node: cst.Call) -> bool:
+        return self.ctx.analysis.call_qualname(node) in _TIMER_READS or method_name(node) == "elapsed_time"
+
+    def _timer_read_follows(self, sync: cst.Call) -> bool:
+        """A clock read (`time.time()`, `time.perf_counter()`, `event.elapsed_time(...)`) later in the same loop
+        body (or step function), with no other synchronize in between, that runs whenever the synchronize does:
+        the synchronize makes that measurement cover the GPU work, however many statements apart they are."""
+        body = None
+        for node in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
+                body = node.body
+                break
+            if isinstance(node, (cst.ClassDef, cst.Lambda)):
+                return False
+        if body is None:
+            return False
+        seen = False
+        # depth-first in source order, remembering how many conditional constructs enclose each node
+        pending: list[tuple[cst.CSTNode, int]] = [(body, 0)]
+        while pending:
+            node, conditional = pending.pop()
+            if node is sync:
+                seen = True
+                continue
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                continue
+            if seen and isinstance(node, cst.Call):
+                if self._is_synchronize(node):
+                    return False
+                if self._is_timer_read(node):
+                    return conditional == 0
+            depth = conditional + (1 if isinstance(node, _CONDITIONAL) else 0)
+            pending.extend((child, depth) for child in reversed(child_nodes(node)))
+        return False
 
     def _near_timing(self) -> bool:
         """Timing calls within a few statements of the synchronize, in its block or the enclosing blocks of the
