@@ -19,7 +19,19 @@ def add_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression | str) -
     if not args:
         return call.with_changes(args=[new_arg])
     last = args[-1]
-    if isinstance(last.comma, cst.Comma):  # trailing comma: the new argument takes the old last's place
+    previous = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
+        else call.whitespace_before_args
+    if isinstance(last.comma, cst.Comma) and isinstance(last.comma.whitespace_after, cst.ParenthesizedWhitespace) \
+            and isinstance(previous, cst.ParenthesizedWhitespace):
+        # one argument per line: the last argument keeps its own line's comment; the new one goes on a new
+        # line, indented like the arguments, and the lines before `)` stay before `)`
+        after_last = last.comma.whitespace_after
+        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=cst.ParenthesizedWhitespace(
+            first_line=after_last.first_line, empty_lines=(), indent=previous.indent, last_line=previous.last_line)))
+        args.append(new_arg.with_changes(comma=last.comma.with_changes(
+            whitespace_before=cst.SimpleWhitespace(""),
+            whitespace_after=after_last.with_changes(first_line=cst.TrailingWhitespace()))))
+    elif isinstance(last.comma, cst.Comma):  # trailing comma: the new argument takes the old last's place
         separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(
             whitespace_after=call.whitespace_before_args
             if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" "))

@@ -5,16 +5,24 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, has_star_args, method_name, walk
+from gpulint.analysis import (BindingKind, Device, Evidence, call_arg, dotted_name, method_name, string_value,
+                              walk)
 from gpulint.builders import add_keyword
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, Placement, has_cuda_evidence
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, checkable_loader_call, loader_arg
+from gpulint.rules.host_sync_in_hot_loop import DEVICE, Placement
 
-_DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _DEVICE_VAR = re.compile(r"(^|[._])(device|dev|cuda|gpu)$", re.I)
+# A name that holds a device (or a CUDA ordinal) in `.to(x)`: `device`, `args.device`, `self.dev`, `gpu`, `local_rank`.
+_DEVICE_LIKE = re.compile(r"(^|[._])(device|dev|_device|cuda|gpu|gpu_id|device_id|rank|local_rank)$", re.I)
 _PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory)
-# Text that says a dataset class puts its samples on the GPU.
-_MOVES_TO_DEVICE = re.compile(r"\.cuda\(|\.to\(\s*(self\.)?(device|dev|_device)\b|\.to\(\s*['\"]cuda|"
-                              r"device\s*=\s*(self\.)?(device|dev)\b|device\s*=\s*['\"]cuda")
+# Text (of a class or function in another file of the program) that puts tensors on the GPU: `.cuda(`,
+# `.to(device)`, `.to("cuda")`, or a `device=` keyword whose value is not the CPU or None.
+_MOVES_TO_DEVICE = re.compile(r"\.cuda\(|\.to\(\s*(self\.)?(device|dev|_device|gpu|rank|local_rank)\b|"
+                              r"\.to\(\s*['\"]cuda|\bdevice\s*=\s*(?![\s=]|None\b|['\"]cpu['\"]|torch\.device\(\s*['\"]cpu)")
+# Libraries whose collate functions return CPU tensors (`default_collate`, Hugging Face data collators).
+_HOST_COLLATE_PREFIXES = ("torch.", "transformers.")
+_UNKNOWN_COLLATE_NOTE = ("the `collate_fn` could not be resolved: if it returns CUDA tensors, `pin_memory=True` "
+                         "raises (\"cannot pin 'torch.cuda...Tensor'\"), so no fix is offered")
 
 
 class DataloaderNoPinMemory(Rule):
@@ -46,7 +54,8 @@ class DataloaderNoPinMemory(Rule):
 
     ## Fix safety
     Safe: pinning changes where a batch's host copy lives, not its values (batches compare equal). It is
-    not offered when the dataset or collate function already yields CUDA tensors (pinning those raises).
+    not offered when the dataset or collate function already yields CUDA tensors (pinning those raises:
+    "cannot pin 'torch.cuda.LongTensor'"), nor when the `collate_fn` cannot be followed to its definition.
     Pinned memory is page-locked RAM: on hosts that are short of memory, prefer fewer workers or smaller
     `prefetch_factor` to turning pinning off.
     """
@@ -99,6 +108,62 @@ class DataloaderNoPinMemory(Rule):
             loader = DataLoader(ds, batch_size=64)
             """
         ),
+        Valid(  # the collate function builds the batch on the GPU (through a helper): pinning would raise
+            """
+            import torch
+            from torch.utils.data import DataLoader
+
+            def collate_batch(batch, device, pad_id=0):
+                ids = [torch.tensor(x, dtype=torch.int64, device=device) for x in batch]
+                return torch.nn.utils.rnn.pad_sequence(ids, padding_value=pad_id)
+
+            def create_loader(dataset, device):
+                def collate_fn(batch):
+                    return collate_batch(batch, device, pad_id=1)
+                return DataLoader(dataset, batch_size=32, collate_fn=collate_fn)
+
+            model = Net().cuda()
+            """
+        ),
+        Valid(  # a lambda collate that moves the batch
+            """
+            import torch
+            from torch.utils.data import DataLoader, default_collate
+            device = torch.device("cuda")
+            loader = DataLoader(ds, batch_size=64, collate_fn=lambda b: [t.to(device) for t in default_collate(b)])
+            """
+        ),
+        Valid(  # partial(...) of a def, bound to a name first
+            """
+            import functools
+            import torch
+            from torch.utils.data import DataLoader
+
+            def to_gpu_collate(batch, rank):
+                x = torch.stack([b[0] for b in batch])
+                return x.cuda(rank, non_blocking=True)
+
+            collate = functools.partial(to_gpu_collate, rank=0)
+            loader = DataLoader(ds, batch_size=64, collate_fn=collate)
+            model.cuda()
+            """
+        ),
+        Valid(  # the dataset class defined in the program hands out GPU tensors from __getitem__
+            """
+            import torch
+            from torch.utils.data import DataLoader, Dataset
+
+            class TokenDataset(Dataset):
+                def __init__(self, tokens, rank):
+                    self.tokens, self.rank = tokens, rank
+
+                def __getitem__(self, i):
+                    return torch.as_tensor(self.tokens[i]).to(self.rank)
+
+            loader = DataLoader(TokenDataset(tokens, local_rank), batch_size=64)
+            model.cuda()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -140,6 +205,36 @@ class DataloaderNoPinMemory(Rule):
             )
             """,
         ),
+        Invalid(  # a collate function that stays on the CPU: pinning is safe
+            """
+            import torch
+            from torch.utils.data import DataLoader, default_collate
+
+            def collate(batch):
+                return default_collate([b for b in batch if b is not None])
+
+            loader = DataLoader(train_set, batch_size=64, collate_fn=collate)
+            model.cuda()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader, default_collate
+
+            def collate(batch):
+                return default_collate([b for b in batch if b is not None])
+
+            loader = DataLoader(train_set, batch_size=64, collate_fn=collate, pin_memory=True)
+            model.cuda()
+            """,
+        ),
+        Invalid(  # a collate function we cannot see: reported, but no fix (it may return CUDA tensors)
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(train_set, batch_size=64, collate_fn=train_set.collater)
+            model.cuda()
+            """
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ", "WARN"),
@@ -155,22 +250,28 @@ class DataloaderNoPinMemory(Rule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        if self.ctx.qualname(node.func) not in _DATALOADERS:
-            return
-        if has_star_args(node) or call_arg(node, "pin_memory") is not None:
+        if not checkable_loader_call(self.ctx, node) or call_arg(node, "pin_memory") is not None:
             return
         if len([a for a in node.args if a.keyword is None]) > _PIN_MEMORY_POSITION:
             return  # pin_memory passed positionally
-        if not has_cuda_evidence(self.ctx) or _is_test_file(self.ctx.path):
-            return
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
                 or self._file_moves_to_device() or self._escapes()):
             return  # a CPU-only consumer in this file (statistics, a test): pinning would not be used
-        dataset = call_arg(node, "dataset", 0)
+        dataset = loader_arg(node, "dataset")
         if dataset is not None and self._yields_cuda(dataset.value):
             return
-        collate = call_arg(node, "collate_fn", 6)
-        if collate is not None and self._yields_cuda(collate.value):
+        collate = loader_arg(node, "collate_fn")
+        note = None
+        if collate is not None:
+            if self._yields_cuda(collate.value):
+                return
+            verdict = _Collate(self.ctx).moves(collate.value, self.ctx.ancestors)
+            if verdict:
+                return  # the collate function builds the batch on the GPU: pinning would raise
+            if verdict is None:
+                note = _UNKNOWN_COLLATE_NOTE
+        if note is not None:
+            self.report(node, note=note)
             return
         if self.ctx.program.maybe_cuda_evidence:
             value, imports = self.ctx.spell("torch.cuda.is_available")
@@ -256,7 +357,7 @@ class DataloaderNoPinMemory(Rule):
         for fn in self.ctx.analysis.functions.get(name, []):
             if _MOVES_TO_DEVICE.search(self.ctx.code(fn)):
                 return True
-        return _program_block_moves(self.ctx, rf"def\s+{re.escape(name)}\s*\(")
+        return bool(_program_block_moves(self.ctx, rf"def\s+{re.escape(name)}\s*\("))
 
     def _class_moves_to_device(self, func: cst.BaseExpression) -> bool:
         name = dotted_name(func)
@@ -265,20 +366,170 @@ class DataloaderNoPinMemory(Rule):
         last = name.rsplit(".", 1)[-1]
         info = self.ctx.analysis.classes.get(last)
         if info is not None:
-            return bool(_MOVES_TO_DEVICE.search(self.ctx.code(info.node)))
-        return _program_block_moves(self.ctx, rf"class\s+{re.escape(last)}\b")
+            return bool(_MOVES_TO_DEVICE.search(self.ctx.code(info.node))) or _Collate(self.ctx).class_moves(info.node)
+        return bool(_program_block_moves(self.ctx, rf"class\s+{re.escape(last)}\b"))
 
 
-def _is_test_file(path: str) -> bool:
-    parts = re.split(r"[\\/]", path)
-    name = parts[-1]
-    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or any(
-        part in ("tests", "test") for part in parts[:-1])
+class _Collate:
+    """Follows a `collate_fn` (or a dataset's item methods) to its definition in this file and asks whether
+    it puts tensors on a device. `moves` answers True (it does), False (it resolves and does not) or None
+    (it cannot be resolved). Positions are tracked with `LoaderFlow` parents, so names resolve in the scope
+    of the code that uses them, not at the DataLoader call."""
+
+    _ITEM_METHODS = ("__getitem__", "__getitems__", "__iter__", "__next__")
+
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        self.ctx = ctx
+        self.a = ctx.analysis
+        self.flow = LoaderFlow.of(ctx.analysis)
+        self._seen: set[int] = set()
+
+    # -- resolving the collate expression ----------------------------------------------------
+
+    def moves(self, node: cst.BaseExpression, ancestors, depth: int = 0) -> bool | None:  # noqa: ANN001
+        if depth > 5:
+            return None
+        if isinstance(node, cst.Name) and node.value == "None":
+            return False
+        if isinstance(node, cst.Lambda):
+            return self._body_moves(node.body, depth)
+        if isinstance(node, cst.Call):
+            return self._call(node, ancestors, depth)
+        if isinstance(node, cst.Name):
+            return self._name(node, ancestors, depth)
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, ancestors, depth)
+        return None
+
+    def _call(self, node: cst.Call, ancestors, depth: int) -> bool | None:  # noqa: ANN001
+        qual = self.a.call_qualname(node) or dotted_name(node.func) or ""
+        if qual == "functools.partial" or qual.rsplit(".", 1)[-1] == "partial":
+            positional = [a for a in node.args if a.keyword is None and not a.star]
+            if not positional:
+                return None
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value in ("device", "dev") \
+                        and not self._is_host(arg.value, self.flow.ancestors(arg.value)):
+                    return True  # partial(collate, device=device)
+            return self.moves(positional[0].value, ancestors, depth + 1)
+        if qual.startswith(_HOST_COLLATE_PREFIXES):
+            return False
+        last = (dotted_name(node.func) or "").rsplit(".", 1)[-1]
+        info = self.a.classes.get(last)
+        if info is not None:  # a collator object defined here: its `__call__`
+            return self.class_moves(info.node, ("__call__",)) or bool(_MOVES_TO_DEVICE.search(self.ctx.code(info.node)))
+        return _program_block_moves(self.ctx, rf"class\s+{re.escape(last)}\b") if last else None
+
+    def _name(self, node: cst.Name, ancestors, depth: int) -> bool | None:  # noqa: ANN001
+        qual = self.a.qualname(node) or node.value
+        if qual.startswith(_HOST_COLLATE_PREFIXES):
+            return False  # torch.utils.data.default_collate
+        bindings = self.a.bindings_of(node.value, ancestors)
+        assigned = [b for b in bindings if b.kind is BindingKind.ASSIGN and b.value is not None]
+        if assigned:  # collate = partial(...) / lambda ...
+            return _any_of(self.moves(b.value, self.flow.ancestors(b.value), depth + 1) for b in assigned)
+        if any(b.kind is not BindingKind.OTHER for b in bindings):
+            return None  # a parameter, a loop variable: the value is not in sight
+        functions = self.a.functions.get(node.value, [])
+        if functions:
+            return any(self._function_moves(fn, depth) for fn in functions)
+        # imported from another file of the program
+        return _program_block_moves(self.ctx, rf"def\s+{re.escape(qual.rsplit('.', 1)[-1])}\s*\(")
+
+    def _attribute(self, node: cst.Attribute, ancestors, depth: int) -> bool | None:  # noqa: ANN001
+        qual = self.a.qualname(node) or ""
+        if qual.startswith(_HOST_COLLATE_PREFIXES):
+            return False
+        attr = node.attr.value
+        if isinstance(node.value, cst.Name) and node.value.value == "self":
+            info = self.a.enclosing_class(ancestors)
+            if info is not None:
+                assigned = [b for b in info.attrs.get(attr, []) if b.kind is BindingKind.ASSIGN and b.value is not None]
+                if assigned:
+                    return _any_of(self.moves(b.value, self.flow.ancestors(b.value), depth + 1) for b in assigned)
+                methods = [fn for fn in walk(info.node.body, into_functions=True) if isinstance(fn, cst.FunctionDef)
+                           and fn.name.value == attr]
+                if methods:
+                    return any(self._function_moves(fn, depth) for fn in methods)
+        # `dataset.collater`, `utils.collate_fn`: a method or function defined somewhere in the program
+        return _program_block_moves(self.ctx, rf"def\s+{re.escape(attr)}\s*\(")
+
+    # -- does a body put tensors on a device? ------------------------------------------------
+
+    def class_moves(self, cls: cst.ClassDef, methods: tuple[str, ...] = _ITEM_METHODS) -> bool:
+        return any(self._function_moves(fn, 0) for fn in walk(cls.body, into_functions=True)
+                   if isinstance(fn, cst.FunctionDef) and fn.name.value in methods)
+
+    def _function_moves(self, fn: cst.FunctionDef, depth: int) -> bool:
+        if id(fn) in self._seen or depth > 4:
+            return False
+        self._seen.add(id(fn))
+        return self._body_moves(fn.body, depth)
+
+    def _body_moves(self, body: cst.CSTNode, depth: int) -> bool:
+        for call in walk(body, into_functions=True):
+            if not isinstance(call, cst.Call):
+                continue
+            name = method_name(call) if isinstance(call.func, cst.Attribute) else None
+            if name == "cuda":
+                return True
+            if name == "to":
+                target = call_arg(call, "device", 0)
+                if target is not None and self._is_device(target.value, self.flow.ancestors(target.value)):
+                    return True
+            device = call_arg(call, "device")
+            if device is not None and name != "to" and not self._is_host(device.value,
+                                                                        self.flow.ancestors(device.value)):
+                return True  # torch.tensor(..., device=device)
+            # helpers it calls: `return collate_batch(batch, ..., device)`
+            callee = call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value if (
+                isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name)
+                and call.func.value.value == "self") else None
+            if callee is not None and any(self._function_moves(fn, depth + 1)
+                                          for fn in self.a.functions.get(callee, [])):
+                return True
+        return False
+
+    def _is_host(self, node: cst.BaseExpression, ancestors) -> bool:  # noqa: ANN001
+        """`device=None`, `device="cpu"`, `torch.device("cpu")`, or a name that only ever holds the CPU."""
+        if isinstance(node, cst.Name) and node.value == "None":
+            return True
+        return Evidence(self.a, ancestors).device_of(node) is Device.CPU
+
+    def _is_device(self, node: cst.BaseExpression, ancestors) -> bool:  # noqa: ANN001
+        """The target of `.to(x)` is a device (not a dtype, not the CPU)."""
+        device = Evidence(self.a, ancestors).device_of(node)
+        if device is not None:
+            return device is not Device.CPU
+        if string_value(node) is not None:
+            return False  # "cpu", "mps"
+        qual = self.a.qualname(node) or ""
+        if qual == "torch.device" or (isinstance(node, cst.Call) and self.a.call_qualname(node) == "torch.device"):
+            return True
+        if qual.startswith("torch."):
+            return False  # torch.float16: a cast
+        if isinstance(node, cst.Attribute) and node.attr.value == "device":
+            return True  # .to(other.device)
+        return bool(_DEVICE_LIKE.search(dotted_name(node) or ""))
 
 
-def _program_block_moves(ctx, header: str) -> bool:  # noqa: ANN001 - RuleContext
-    """Does the indented block starting at `header` in any file of the program move data to the GPU?"""
+def _any_of(verdicts) -> bool | None:  # noqa: ANN001 - iterable of bool | None
+    """True if any says True, else None if any is unknown, else False."""
+    result: bool | None = False
+    for verdict in verdicts:
+        if verdict:
+            return True
+        if verdict is None:
+            result = None
+    return result
+
+
+def _program_block_moves(ctx, header: str) -> bool | None:  # noqa: ANN001 - RuleContext
+    """Does the indented block starting at `header` in any file of the program move data to the GPU?
+    None when no file of the program has such a block."""
+    found = False
     for _, match in ctx.program.search(rf"(?m)^(?P<indent>[ \t]*){header}"):
+        found = True
         text = match.string
         indent = len(match.group("indent"))
         body = text.find("\n", match.end()) + 1 or len(text)
@@ -289,4 +540,4 @@ def _program_block_moves(ctx, header: str) -> bool:  # noqa: ANN001 - RuleContex
                 break
         if _MOVES_TO_DEVICE.search(text[match.start():end]):
             return True
-    return False
+    return False if found else None

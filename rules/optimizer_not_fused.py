@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, string_value, walk
 from gpulint.builders import add_keyword
 from gpulint.rules.cudnn_benchmark import program_texts
 
@@ -21,6 +21,14 @@ _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64
 _CUDA_TEXT = re.compile(
     r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|\btorch\.accelerator\.|["']nccl["']""")
 _SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
+# Modules built on the device without a visible move: a default-device context or setting.
+_DEFAULT_DEVICE = re.compile(r"set_default_device\(|with\s+torch\.device\(|device_map\s*=")
+# Wrappers that put a module's parameters on a device (or shard them there).
+_DEVICE_WRAPPERS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "DataParallel",
+                    "fully_shard", "FSDPModule"}
+# Calls that receive a module but do not move it (or keep a reference that could).
+_HARMLESS_CALLS = {"print", "len", "str", "repr", "isinstance", "type", "id", "hasattr", "getattr", "vars",
+                   "format", "deepcopy", "count_parameters", "summary"}
 
 
 class OptimizerNotFused(Rule):
@@ -53,7 +61,11 @@ class OptimizerNotFused(Rule):
     `foreach=True` or `differentiable=True`; the rule does not fire when any of `fused=`, `foreach=`,
     `differentiable=` or `capturable=` is given, nor in test files (which may compare parameters bitwise with
     a reference run), and offers no fix where the program creates complex parameters. Torch before 2.4 lacks fused
-    SGD (check the version you pin).
+    SGD (check the version you pin), and there `fused=True` also raises at construction when the parameters are
+    still on the CPU, so build the optimizer after moving the model. The rule does not fire when the
+    optimizer's parameters come from `X.parameters()` of a module `X` built in the same scope (a `torch.nn`
+    layer or a class or factory of this file) that is never moved to a device (`.cuda()`, `.to(device)`,
+    `device=`, DDP/FSDP) nor handed to code that could move it: that optimizer runs on the CPU.
     """
 
     code = "GPU032"
@@ -85,6 +97,46 @@ class OptimizerNotFused(Rule):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             """
         ),
+        Valid(  # a CPU-only module in a CUDA program: it only feeds a learning-rate plot
+            """
+            import torch
+
+            def plot_schedule():
+                dummy_model = torch.nn.Linear(1, 1)
+                optimizer = torch.optim.Adam(dummy_model.parameters(), lr=1, betas=(0.9, 0.98))
+                for step in range(100):
+                    optimizer.step()
+
+            def train():
+                model = Net().cuda()
+                optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+            """
+        ),
+        Valid(  # a model built by a factory of this file and trained on the CPU (passed to a CPU-only helper)
+            """
+            import torch
+            import torch.nn as nn
+
+            def make_model(n):
+                model = nn.Sequential(nn.Linear(n, n), nn.ReLU(), nn.Linear(n, n))
+                for p in model.parameters():
+                    nn.init.xavier_uniform_(p) if p.dim() > 1 else None
+                return model
+
+            def run_epoch(batches, model, optimizer):
+                for x, y in batches:
+                    loss = (model(x) - y).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+
+            def copy_task():
+                model = make_model(11)
+                optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.5)
+                run_epoch(data_gen(11), model, optimizer)
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            """
+        ),
         Invalid(
             """
             import torch
@@ -99,6 +151,26 @@ class OptimizerNotFused(Rule):
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             model = Net().to(device)
             optimizer = optim.Adam(model.parameters(), lr=1e-3, fused=True)
+            """,
+        ),
+        Invalid(  # moved after the optimizer is built, or handed to code that may move it: still reported
+            """
+            import torch
+
+            def main(gpu):
+                model = torch.nn.Linear(8, 8)
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                model.cuda(gpu)
+                model = setup_distributed(model)
+            """,
+            fixed="""
+            import torch
+
+            def main(gpu):
+                model = torch.nn.Linear(8, 8)
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+                model.cuda(gpu)
+                model = setup_distributed(model)
             """,
         ),
     ]
@@ -134,6 +206,8 @@ class OptimizerNotFused(Rule):
             return
         if _TEST_PATH.search(self.ctx.path):
             return
+        if _stays_on_cpu(self.ctx, node):
+            return  # the parameters belong to a module built here that never goes to a device
         if qualified == "torch.optim.SGD" and program.search(_SPARSE_GRADS):
             return  # sparse embeddings: fused raises on sparse gradients
         if program.search(_COMPLEX_PARAMETER):
@@ -149,3 +223,177 @@ def _trains_on_cuda(ctx) -> bool:
     if analysis.cuda_evidence or analysis.maybe_cuda_evidence:
         return True
     return any(_CUDA_TEXT.search(text) for text in program_texts(ctx))
+
+
+# ---------------------------------------------------------------------------------------------
+# where do the optimizer's parameters live?
+
+
+def _stays_on_cpu(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext
+    """The parameters are `X.parameters()` (possibly in a list, a comprehension or param groups) of modules `X`
+    that are all local names built in this file's scope on the CPU and never moved, wrapped or handed to code
+    that could move them. Anything unresolved answers False (the rule then keeps reporting)."""
+    params = call_arg(call, "params", 0)
+    if params is None:
+        return False
+    receivers = [inner.func.value for inner in walk(params) if isinstance(inner, cst.Call)
+                 and method_name(inner) in ("parameters", "named_parameters") and isinstance(inner.func, cst.Attribute)]
+    if not receivers or not all(isinstance(r, cst.Name) for r in receivers):
+        return False  # `self.model.parameters()`, a parameter list from elsewhere: not resolved here
+    if any(_DEFAULT_DEVICE.search(text) for text in program_texts(ctx)):
+        return False
+    return all(_Placement(ctx).cpu_only(r.value, ctx.ancestors) for r in receivers)
+
+
+class _Placement:
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        self.ctx = ctx
+        self.a = ctx.analysis
+        self._seen: set[tuple[int, str]] = set()
+
+    def cpu_only(self, name: str, ancestors) -> bool:  # noqa: ANN001
+        scope = next((sc for sc in self.a.scope_chain(ancestors) if name in sc.bindings
+                      and name not in sc.globals_), None)
+        if scope is None:
+            return False
+        bindings = scope.bindings[name]
+        if not bindings or any(b.kind is not BindingKind.ASSIGN or b.value is None for b in bindings):
+            return False  # a parameter, a loop variable, an import, `with ... as model`
+        if not all(self._built_on_cpu(b.value) for b in bindings):
+            return False
+        if scope.node is self.a.module and len(program_texts(self.ctx)) > 1:
+            return False  # a module-level model: other files of the program can import and move it
+        return not self._moved_in(scope.node, name, 0)
+
+    # -- how the module was built -------------------------------------------------------------
+
+    def _built_on_cpu(self, value: cst.BaseExpression) -> bool:
+        """`torch.nn.Linear(1, 1)`, `make_model(...)` / `Net(...)` of this file: built on the CPU, no move."""
+        if not isinstance(value, cst.Call):
+            return False
+        for inner in walk(value, into_functions=True):
+            if isinstance(inner, cst.Call) and (method_name(inner) in ("cuda", "to", "to_empty") or any(
+                    a.keyword is not None and a.keyword.value in ("device", "device_map") for a in inner.args)):
+                return False  # Net().cuda(), nn.Linear(1, 1, device="cuda")
+        qual = self.a.call_qualname(value) or ""
+        if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1][:1].isupper() \
+                and not qual.startswith("torch.nn.parallel."):
+            return True
+        if not isinstance(value.func, cst.Name):
+            return False
+        name = value.func.value
+        if self.a.qualname(value.func) not in (None, name):
+            return False  # imported: its body is not in sight
+        info = self.a.classes.get(name)
+        if info is not None:
+            init = [fn for fn in walk(info.node.body, into_functions=True) if isinstance(fn, cst.FunctionDef)
+                    and fn.name.value == "__init__"]
+            return not any(_moves_anything(fn) for fn in init)
+        functions = self.a.functions.get(name, [])
+        return bool(functions) and not any(_moves_anything(fn) for fn in functions)
+
+    # -- is it moved (or handed to code that could move it)? -----------------------------------
+
+    def _moved_in(self, scope: cst.CSTNode, name: str, depth: int) -> bool:
+        key = (id(scope), name)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        if depth > 3:
+            return True
+        body = scope.body if isinstance(scope, cst.FunctionDef) else scope
+        for node, parent in _with_parents(body):
+            if not (isinstance(node, cst.Name) and node.value == name):
+                continue
+            if isinstance(parent, (cst.AssignTarget, cst.Param, cst.FunctionDef, cst.ClassDef, cst.ImportAlias,
+                                   cst.AugAssign, cst.Del)) or (
+                    isinstance(parent, (cst.Arg, cst.AnnAssign)) and node in (getattr(parent, "keyword", None),
+                                                                              getattr(parent, "target", None))):
+                continue  # a binding or a keyword name, not a use
+            if isinstance(parent, cst.Attribute):
+                if parent.attr is node:
+                    continue  # `x.model`: another object's attribute
+                if self._method_moves(parent, body):
+                    return True
+                continue  # model.train(), model.parameters(), model(x) through `.forward`
+            if isinstance(parent, cst.Call) and parent.func is node:
+                continue  # model(x)
+            if isinstance(parent, cst.Arg) and parent.value is node:
+                if self._argument_moves(parent, body, depth):
+                    return True
+                continue
+            if isinstance(parent, cst.Comparison):
+                continue  # `model is None`
+            return True  # returned, stored, aliased, captured: it may be moved elsewhere
+        return False
+
+    def _method_moves(self, attribute: cst.Attribute, body: cst.CSTNode) -> bool:
+        method = attribute.attr.value
+        if method == "cuda":
+            return True
+        if method not in ("to", "to_empty"):
+            return False
+        call = next((c for c in walk(body, into_functions=True) if isinstance(c, cst.Call) and c.func is attribute),
+                    None)
+        if call is None:
+            return True
+        target = call_arg(call, "device", 0)
+        return target is not None and not self._not_a_device(target.value)
+
+    def _not_a_device(self, node: cst.BaseExpression) -> bool:
+        """`"cpu"`, `torch.device("cpu")`, a dtype (`torch.float16`) or `memory_format=`: not a device move."""
+        text = string_value(node)
+        if text is not None:
+            return text in ("cpu", "meta") or text.startswith("cpu")
+        if isinstance(node, cst.Call) and self.a.call_qualname(node) == "torch.device" and node.args:
+            return string_value(node.args[0].value) in ("cpu", "meta")
+        qual = self.a.qualname(node) or ""
+        return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] != "device" and not qual.startswith("torch.cuda")
+
+    def _argument_moves(self, arg: cst.Arg, body: cst.CSTNode, depth: int) -> bool:
+        call = next((c for c in walk(body, into_functions=True) if isinstance(c, cst.Call)
+                     and any(a is arg for a in c.args)), None)
+        if call is None:
+            return True
+        callee = dotted_name(call.func) or ""
+        last = callee.rsplit(".", 1)[-1]
+        if last in _DEVICE_WRAPPERS:
+            return True
+        functions = self.a.functions.get(last, []) if isinstance(call.func, (cst.Name, cst.Attribute)) else []
+        if not functions or (isinstance(call.func, cst.Name) and self.a.qualname(call.func) not in (None, last)):
+            return last not in _HARMLESS_CALLS  # code we cannot see
+        for fn in functions:
+            params = [p.name.value for p in [*fn.params.posonly_params, *fn.params.params]]
+            keywords = params + [p.name.value for p in fn.params.kwonly_params]
+            if arg.keyword is not None:
+                if arg.keyword.value not in keywords:
+                    return True  # into **kwargs
+                param = arg.keyword.value
+            else:
+                offset = 1 if isinstance(call.func, cst.Attribute) and params[:1] in (["self"], ["cls"]) else 0
+                index = [a for a in call.args if a.keyword is None].index(arg) + offset
+                if any(a.star for a in call.args) or index >= len(params):
+                    return True  # into *args
+                param = params[index]
+            if self._moved_in(fn, param, depth + 1):
+                return True
+        return False
+
+
+def _with_parents(root: cst.CSTNode):  # noqa: ANN202 - Iterator[tuple[node, parent]]
+    stack = [(child, root) for child in reversed(child_nodes(root))]
+    while stack:
+        node, parent = stack.pop()
+        yield node, parent
+        stack.extend((child, node) for child in reversed(child_nodes(node)))
+
+
+def _moves_anything(fn: cst.CSTNode) -> bool:
+    """A body that moves something to a device or builds tensors with `device=`: its module may end up there."""
+    for inner in walk(fn, into_functions=True):
+        if isinstance(inner, cst.Call):
+            if method_name(inner) in ("cuda", "to", "to_empty") and isinstance(inner.func, cst.Attribute):
+                return True
+            if any(a.keyword is not None and a.keyword.value in ("device", "device_map") for a in inner.args):
+                return True
+    return False

@@ -124,3 +124,36 @@ def test_read_only_file_is_reported_and_never_written(tmp_path):
     result = run([str(path)], [H2D], fix=True, write=True)
     assert "read-only" in result.files[0].error
     assert not result.files[0].written and path.read_text() == TRAIN
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (  # the last argument's comment stays on its line
+            "opt = torch.optim.AdamW(\n    params,\n    weight_decay=0,  # we do not apply weight decay\n)\n",
+            "opt = torch.optim.AdamW(\n    params,\n    weight_decay=0,  # we do not apply weight decay\n"
+            "    fused=True,\n)\n",
+        ),
+        (  # the second-to-last argument's comment is not copied onto the last line
+            "opt = f(\n    params,  # the params\n    lr=1e-3,\n)\n",
+            "opt = f(\n    params,  # the params\n    lr=1e-3,\n    fused=True,\n)\n",
+        ),
+        (  # a single argument; the comment after `(` stays there
+            "opt = f(  # build\n    params,  # the params\n)\n",
+            "opt = f(  # build\n    params,  # the params\n    fused=True,\n)\n",
+        ),
+        (  # comment lines before `)` stay before `)`
+            "opt = f(\n    params,\n    lr=1e-3,\n    # end\n)\n",
+            "opt = f(\n    params,\n    lr=1e-3,\n    fused=True,\n    # end\n)\n",
+        ),
+        ("opt = f(params, lr=1e-3)\n", "opt = f(params, lr=1e-3, fused=True)\n"),
+    ],
+)
+def test_add_keyword_keeps_comments_on_their_lines(source, expected):
+    from gpulint.builders import add_keyword
+
+    class AddFused(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            return add_keyword(updated_node, "fused", "True")
+
+    assert cst.parse_module(source).visit(AddFused()).code == expected
