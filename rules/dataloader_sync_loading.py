@@ -8,29 +8,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, has_star_args, walk
-from gpulint.builders import add_keyword as _engine_add_keyword
-from gpulint.builders import expr, replace_keyword_value
-
-def add_keyword(call: cst.Call, keyword: str, value: cst.BaseExpression | str) -> cst.Call:
-    """`gpulint.builders.add_keyword`, but in a one-argument-per-line call whose lines carry comments the
-    comments stay on their own lines (the builder copies the second-to-last separator, comment included)."""
-    args = list(call.args)
-    if len(args) < 2 or not isinstance(args[-1].comma, cst.Comma) or not isinstance(args[-2].comma, cst.Comma):
-        return _engine_add_keyword(call, keyword, value)
-    last_after, prev_after = args[-1].comma.whitespace_after, args[-2].comma.whitespace_after
-    if not (isinstance(last_after, cst.ParenthesizedWhitespace) and isinstance(prev_after, cst.ParenthesizedWhitespace)):
-        return _engine_add_keyword(call, keyword, value)
-    if isinstance(value, str):
-        value = expr(value)
-    new_arg = cst.Arg(value=value, keyword=cst.Name(keyword),
-                      equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                      comma=args[-1].comma.with_changes(whitespace_after=last_after.with_changes(
-                          first_line=cst.TrailingWhitespace(), empty_lines=())))
-    args[-1] = args[-1].with_changes(comma=args[-1].comma.with_changes(
-        whitespace_after=last_after.with_changes(last_line=prev_after.last_line, indent=prev_after.indent)))
-    args.append(new_arg)
-    return call.with_changes(args=args)
-
+from gpulint.builders import add_keyword, replace_keyword_value
 
 # ---------------------------------------------------------------------------------------------
 # DataLoader helpers shared by GPU050-GPU053 (imported by their rule files).
