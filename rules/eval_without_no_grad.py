@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, method_name, string_value, walk
+from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rules.dataloader_sync_loading import LoaderFlow, is_test_path, iterated_expressions
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
@@ -66,7 +66,10 @@ class EvalWithoutNoGrad(Rule):
     `with torch.no_grad():`; outputs are bitwise identical and only lose `requires_grad`. It never fires when
     the region needs gradients (`backward`, `autograd.grad`, `requires_grad_`, `set_grad_enabled`,
     `enable_grad`, `torch.func`, an optimizer step, saliency/adversarial code), when every model call already
-    runs under no_grad, or when a caller already wraps the call in no_grad. It does not use
+    runs under no_grad, when a caller already wraps the call in no_grad, or when the model's parameters are
+    frozen (`model.requires_grad_(False)` or `p.requires_grad = False` for each of `model.parameters()`, in
+    the function, another method of the class, or on the same model name elsewhere in the file, and never
+    unfrozen), so that autograd records nothing. It does not use
     `torch.inference_mode()`: tensors created there raise later if used in autograd or modified in place.
     """
 
@@ -98,6 +101,61 @@ class EvalWithoutNoGrad(Rule):
                     model(x).gather(1, y[:, None]).sum().backward()
                     maps.append(x.grad.abs())
                 return maps
+            """
+        ),
+        Valid(  # every parameter is frozen: autograd records nothing
+            """
+            import torch
+            def evaluate(model, loader):
+                for p in model.parameters():
+                    p.requires_grad = False
+                model.eval()
+                predictions = []
+                for x, _ in loader:
+                    predictions.append(model(x).argmax(1))
+                return predictions
+            """
+        ),
+        Valid(  # frozen in another method of the class
+            """
+            import torch
+            class Evaluator:
+                def __init__(self, net):
+                    self.net = net.eval()
+                    self.net.requires_grad_(False)
+                def evaluate(self, loader):
+                    correct = 0
+                    for x, y in loader:
+                        correct += (self.net(x).argmax(1) == y).sum().item()
+                    return correct
+            """
+        ),
+        Valid(  # a loader freezes its local model and returns it
+            """
+            import torch
+            class Predictor:
+                def __init__(self, path):
+                    self.model = self._load(path)
+                def _load(self, path):
+                    net = torch.load(path)
+                    for p in net.parameters():
+                        p.requires_grad = False
+                    return net
+                def predict(self, batches):
+                    outputs = []
+                    for x in batches:
+                        outputs.append(self.model(x))
+                    return outputs
+            """
+        ),
+        Valid(  # frozen elsewhere in the file, under the same name
+            """
+            import torch
+            encoder.requires_grad_(False)
+            for epoch in range(epochs):
+                train_head(head, encoder, train_loader)
+                for x, _ in val_loader:
+                    features.append(encoder(x))
             """
         ),
         Invalid(
@@ -169,7 +227,7 @@ class EvalWithoutNoGrad(Rule):
         calls = [c for c in self._model_calls(node.body) if _in_loop_within(flow, c, node)]
         if not calls or _NEEDS_GRAD.search(self.ctx.code(node.body)):
             return
-        if all(_under_grad_mode(self.ctx, flow, c, node) for c in calls):
+        if all(_under_grad_mode(self.ctx, flow, c, node) or self._frozen_model(c) for c in calls):
             return
         if self._called_under_no_grad(node.name.value):
             return
@@ -200,7 +258,7 @@ class EvalWithoutNoGrad(Rule):
         calls = list(self._model_calls(node))
         if not calls or _NEEDS_GRAD.search(self.ctx.code(node)):
             return
-        if all(_under_grad_mode(self.ctx, flow, c, None) for c in calls):
+        if all(_under_grad_mode(self.ctx, flow, c, None) or self._frozen_model(c) for c in calls):
             return
         if self._used_for_backward_later(node, function):
             return
@@ -268,6 +326,17 @@ class EvalWithoutNoGrad(Rule):
             found = True
         cache[name] = found
         return found
+
+    def _frozen_model(self, call: cst.Call) -> bool:
+        """The called model's parameters are frozen (`model.requires_grad_(False)`, or `p.requires_grad =
+        False` for every `p` in `model.parameters()`), so autograd records nothing: checked by the model's name
+        anywhere in this file, which covers the same function, the class's methods (`self.model`) and a
+        loader that freezes a local model and returns it (`self.model = self._load()`)."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and not self._plain_reference(func):
+            func = func.value  # `model.encode(x)`, `self.model.features(x)`: the model is the receiver
+        name = _model_key(func)
+        return name is not None and name in _FrozenModels.of(self.ctx.analysis).names
 
     def _plain_reference(self, func: cst.BaseExpression) -> bool:
         """`model(x)` / `self.net(x)`, not `model.eval()` or `torch.cat(...)`."""
@@ -416,3 +485,103 @@ def _loop_contains(loop: cst.CSTNode, node: cst.CSTNode) -> bool:
 
 def _names(node: cst.CSTNode) -> set[str]:
     return {n.value for n in walk(node, into_functions=True) if isinstance(n, cst.Name)}
+
+
+def _model_key(node: cst.BaseExpression) -> str | None:
+    """`model` for `model`, `self.model`, `args.model`; None for anything but a name path."""
+    dotted = dotted_name(node)
+    return dotted.rsplit(".", 1)[-1] if dotted else None
+
+
+def _freeze_value(call: cst.Call) -> bool | None:
+    """`x.requires_grad_(False)` -> True (freezes), `x.requires_grad_()`/`(True)` -> False, else None."""
+    if method_name(call) != "requires_grad_":
+        return None
+    arg = call.args[0].value if call.args else None
+    return isinstance(arg, cst.Name) and arg.value == "False"
+
+
+def _parameters_of(node: cst.BaseExpression) -> str | None:
+    """The model in `model.parameters()` / `self.net.named_parameters()`."""
+    if isinstance(node, cst.Call) and method_name(node) in ("parameters", "named_parameters") \
+            and isinstance(node.func, cst.Attribute):
+        return _model_key(node.func.value)
+    return None
+
+
+def _loop_freezes(loop: cst.For | cst.CompFor, body: list[cst.CSTNode]) -> bool | None:
+    """`for p in model.parameters(): p.requires_grad = False` (unconditionally, in the loop body itself):
+    True; setting it to anything else, or only for some parameters: False; nothing about grads: None."""
+    target = loop.target
+    if isinstance(target, cst.Tuple) and target.elements:
+        target = target.elements[-1].value  # `for name, p in model.named_parameters()`
+    if not isinstance(target, cst.Name):
+        return None
+    verdict: bool | None = None
+    for statement in body:
+        smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+        for small in smalls:
+            if isinstance(small, cst.Assign) and any(
+                    isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
+                    and dotted_name(t.target.value) == target.value for t in small.targets):
+                if not (isinstance(small.value, cst.Name) and small.value.value == "False"):
+                    return False
+                verdict = True
+            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
+                    and _freeze_value(small.value) is not None \
+                    and dotted_name(small.value.func.value) == target.value:  # type: ignore[attr-defined]
+                if not _freeze_value(small.value):
+                    return False
+                verdict = True
+            elif "requires_grad" in cst.Module(body=[]).code_for_node(small):
+                return False  # conditional or partial freezing: some parameters may still record
+    return verdict
+
+
+class _FrozenModels(PerFileFacts):
+    """Names of models whose parameters this file freezes and never unfreezes. A function that freezes a
+    local model and returns it passes the freezing on to what its result is assigned to."""
+
+    def __init__(self, analysis: FileAnalysis) -> None:
+        super().__init__(analysis)
+        module = analysis.module
+        functions = [n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+        frozen: set[str] = set()
+        unfrozen: set[str] = set()
+        loaders: dict[int, set[str]] = {}  # id(function) -> names it freezes
+        for scope in [module, *functions]:
+            for name, verdict in _freezing_sites(scope):
+                (frozen if verdict else unfrozen).add(name)
+                if verdict and isinstance(scope, cst.FunctionDef):
+                    loaders.setdefault(id(scope), set()).add(name)
+        # `self.model = self._load_model()` where `_load_model` freezes and returns its local `model`
+        for fn in functions:
+            freezes = loaders.get(id(fn))
+            returned = {_model_key(r.value) for r in walk(fn.body) if isinstance(r, cst.Return) and r.value is not None}
+            if not freezes or not returned or not returned <= freezes:
+                continue
+            for assign in walk(module, into_functions=True):
+                if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call) \
+                        and _model_key(assign.value.func) == fn.name.value:
+                    frozen |= {k for t in assign.targets if (k := _model_key(t.target)) is not None}
+        self.names = frozenset(frozen - unfrozen)
+
+
+def _freezing_sites(scope: cst.CSTNode):
+    """(model name, freezes?) for each `requires_grad_` call and parameter loop directly in `scope`."""
+    for node in walk(scope):
+        if isinstance(node, cst.Call) and _freeze_value(node) is not None and isinstance(node.func, cst.Attribute):
+            name = _model_key(node.func.value)
+            if name is not None:
+                yield name, bool(_freeze_value(node))
+        elif isinstance(node, cst.For):
+            body = list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else [node.body]
+            name, verdict = _parameters_of(node.iter), _loop_freezes(node, body)
+            if name is not None and verdict is not None:
+                yield name, verdict
+        elif isinstance(node, (cst.ListComp, cst.GeneratorExp)) and isinstance(node.elt, cst.Call) \
+                and node.for_in.inner_for_in is None and not node.for_in.ifs:
+            # `[p.requires_grad_(False) for p in model.parameters()]`
+            name, verdict = _parameters_of(node.for_in.iter), _loop_freezes(node.for_in, [cst.Expr(node.elt)])
+            if name is not None and verdict is not None:
+                yield name, verdict

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, FileAnalysis, call_arg, dotted_name, has_star_args, iter_calls, method_name, walk
+from gpulint.analysis import (BindingKind, FileAnalysis, HotKind, PerFileFacts, call_arg, dotted_name, has_star_args,
+                              iter_calls, method_name, walk)
+from gpulint.rules.dataloader_sync_loading import is_test_path
 
 # ---------------------------------------------------------------------------------------------
 # Shared with GPU004 (gather_compute_scatter imports these): what a module does to the batch dimension.
@@ -30,6 +32,7 @@ _RECURRENT = {"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"}
 _ATTENTION = {"Transformer", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
               "TransformerDecoder", "MultiheadAttention"}
 _DROPOUT_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
+_BUFFERS = {"torch.nn.Buffer", "torch.nn.parameter.Buffer"}  # `self.cos = nn.Buffer(t)`: a tensor, no weights
 _NOT_MODULE_PREFIXES = ("numpy.", "np.", "math.", "random.", "torch.nn.init.", "torch.nn.functional.",
                         "torch.nn.utils.")
 
@@ -95,7 +98,8 @@ class ModuleResolver:
             if method is not None and info.is_module:
                 # `self.forward_once(x)`: a method of this module; the module itself decides
                 facts = self.of_class(info.node.name.value)
-                return ModuleFacts(facts.known, facts.coupling, facts.blocker, facts.cross_row, _returns_arity(method))
+                return ModuleFacts(facts.known, facts.coupling, facts.blocker, facts.cross_row, _returns_arity(method),
+                                   parametric=facts.parametric)
             return None
         if isinstance(callee, cst.Name):
             bindings = self.a.bindings_of(callee.value, ancestors)
@@ -133,6 +137,8 @@ class ModuleResolver:
         qual = self.a.call_qualname(call) or ""
         if qual == "torch.compile" and call.args and isinstance(call.args[0].value, cst.Call):
             return self.of_construction(call.args[0].value, owner, depth + 1)
+        if qual in _BUFFERS:
+            return None
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULE_PREFIXES):
             return self._builtin(call, qual.rsplit(".", 1)[-1], owner, depth)
         func = dotted_name(call.func) or ""
@@ -279,8 +285,51 @@ class ModuleResolver:
                 facts = facts.merge(ModuleFacts(cross_row=issue))
         else:
             facts = facts.merge(ModuleFacts(outputs=None))
+        facts = replace(facts, parametric=self._class_parametric(info))
         self._class_cache[name] = facts
         return facts
+
+    def _class_parametric(self, info) -> bool:  # noqa: ANN001
+        """Does a module class of this file hold learned weights? False only when everything is visible and
+        there is no `nn.Parameter`, no learned layer (`nn.Linear`, a same-file network, an imported model) and
+        no submodule handed in from outside: a rotary-embedding or masking helper that keeps only buffers
+        (`register_buffer`, plain tensors) is elementwise glue, not a network."""
+        for base in info.base_names:
+            if base in self.a.classes and self.a.classes[base].is_module:
+                if self.of_class(base).parametric:
+                    return True
+            elif base not in ("torch.nn.Module", "nn.Module", "Module"):
+                last = base.rsplit(".", 1)[-1]
+                if not (base.startswith("torch.nn.") and _PARAMETER_FREE.match(last)):
+                    return True  # `class Linear(nn.Linear)`, an imported base: may hold weights
+        for attr, bindings in info.attrs.items():
+            for binding in bindings:
+                value = binding.value
+                if binding.kind is BindingKind.ASSIGN and isinstance(value, cst.Call) \
+                        and self.of_construction(value, info.node) is None and _may_build_module(self.a, value):
+                    return True
+        called, inspected = _self_uses(info.node)
+        params = {p.name.value for fn in walk(info.node, into_functions=True) if isinstance(fn, cst.FunctionDef)
+                  for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]}
+        for attr, bindings in info.attrs.items():
+            for binding in bindings:
+                value = binding.value
+                if isinstance(value, cst.Call) and binding.kind is BindingKind.ASSIGN:
+                    continue  # judged below, with every other construction in the class
+                if attr in called or (attr in inspected and isinstance(value, cst.Name) and value.value in params):
+                    return True  # `self.head = head` then `self.head(x)` / `self.emb.weight`: handed-in weights
+        for call in iter_calls(info.node, into_functions=True):
+            qual = self.a.call_qualname(call) or ""
+            last = (qual or dotted_name(call.func) or "").rsplit(".", 1)[-1]
+            if last in ("Parameter", "UninitializedParameter", "register_parameter", "add_module",
+                        "register_module", "setattr", "ParameterList", "ParameterDict"):
+                return True
+            if method_name(call) in _WRAPPER_METHODS or qual.startswith(_NOT_MODULE_PREFIXES) or qual in _BUFFERS:
+                continue
+            inner = self.of_construction(call, info.node)
+            if inner is not None and (inner.parametric or not inner.known):
+                return True
+        return False
 
     @staticmethod
     def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
@@ -318,6 +367,20 @@ def _outer_calls(node: cst.BaseExpression) -> Iterator[cst.Call]:
             for grandchild in child.children:
                 if isinstance(grandchild, cst.BaseExpression):
                     yield from _outer_calls(grandchild)
+
+
+def _self_uses(cls: cst.ClassDef) -> tuple[set[str], set[str]]:
+    """Attributes of `self` that the class calls (`self.x(...)`) and whose attributes it reads (`self.x.weight`)."""
+    called: set[str] = set()
+    inspected: set[str] = set()
+    for node in walk(cls, into_functions=True):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and dotted_name(node.func.value) == "self":
+            called.add(node.func.attr.value)
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Attribute) \
+                and dotted_name(node.value.value) == "self":
+            inspected.add(node.value.attr.value)
+    return called, inspected
 
 
 def _returns_arity(fn: cst.FunctionDef) -> int | None:
@@ -626,6 +689,207 @@ def rebuild_owner(ancestors: Sequence[cst.CSTNode], block: cst.IndentedBlock,
 
 
 # ---------------------------------------------------------------------------------------------
+# where merging is not worth a finding: compiled models, inputs of other shapes, assertion-only outputs
+
+
+class CompiledModels(PerFileFacts):
+    """Module classes of this file whose forward runs under torch.compile: `torch.compile(model)`,
+    `model.compile()`, `torch.compile(Net(...))`, or `@torch.compile` on a method; with every same-file
+    module class they build (their submodules) and their same-file bases."""
+
+    def __init__(self, analysis: FileAnalysis) -> None:
+        super().__init__(analysis)
+        a = analysis
+        roots: set[str] = set()
+        for call in iter_calls(a.module, into_functions=True):
+            target: cst.BaseExpression | None = None
+            if a.call_qualname(call) == "torch.compile" and call.args and call.args[0].keyword is None:
+                target = call.args[0].value
+            elif method_name(call) == "compile" and isinstance(call.func, cst.Attribute) \
+                    and a.qualname(call.func.value) is None:
+                target = call.func.value
+            if target is not None:
+                roots |= self._classes_of(target, set())
+        for fn_id, kind in a.hot.items():
+            info = a.function_class.get(fn_id)
+            if kind is HotKind.COMPILED and info is not None and info.is_module:
+                roots.add(info.node.name.value)
+        self.classes: set[str] = set()
+        pending = [r for r in roots if r in a.classes]
+        while pending:
+            name = pending.pop()
+            if name in self.classes:
+                continue
+            self.classes.add(name)
+            info = a.classes[name]
+            pending.extend(b for b in info.base_names if b in a.classes)
+            for call in iter_calls(info.node, into_functions=True):
+                if isinstance(call.func, cst.Name) and call.func.value in a.classes \
+                        and a.classes[call.func.value].is_module:
+                    pending.append(call.func.value)
+
+    def _classes_of(self, node: cst.BaseExpression, seen: set[str]) -> set[str]:
+        """Same-file module classes an expression may hold (`GPT(...).cuda()`, a name bound to one)."""
+        a = self.a
+        while isinstance(node, cst.Call):
+            if a.call_qualname(node) == "torch.compile" and node.args:
+                node = node.args[0].value
+            elif method_name(node) in _WRAPPER_METHODS and isinstance(node.func, cst.Attribute):
+                node = node.func.value
+            elif isinstance(node.func, cst.Name) and node.func.value in a.classes:
+                return {node.func.value} if a.classes[node.func.value].is_module else set()
+            else:
+                return set()
+        found: set[str] = set()
+        key = dotted_name(node)
+        if key is None or key in seen:
+            return found
+        seen.add(key)
+        values: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Name):
+            for scope in a.scopes.values():
+                values += [b.value for b in scope.bindings.get(node.value, ()) if b.kind is BindingKind.ASSIGN
+                           and b.value is not None]
+        elif isinstance(node, cst.Attribute) and dotted_name(node.value) == "self":
+            for info in a.classes.values():
+                values += [b.value for b in info.attrs.get(node.attr.value, ()) if b.kind is BindingKind.ASSIGN
+                           and b.value is not None]
+        for value in values:
+            found |= self._classes_of(value, seen)
+        return found
+
+
+_ASSERTING = {"torch.allclose", "torch.equal", "torch.isclose", "numpy.allclose", "numpy.array_equal",
+              "numpy.isclose"}
+
+
+def _only_asserted(a: FileAnalysis, fn: cst.FunctionDef | None, names: set[str],
+                   skip: Sequence[cst.CSTNode]) -> bool:
+    """Every later use of `names` in `fn` is in an `assert`, a `torch.testing`/`assert*` call or an
+    `allclose`/`equal` comparison: the outputs are checked, not computed on."""
+    if fn is None or not names:
+        return False
+    skipped = {id(n) for s in skip for n in walk(s)}
+    uses = 0
+
+    def visit(node: cst.CSTNode, asserted: bool) -> bool:
+        nonlocal uses
+        if id(node) in skipped:
+            return True
+        if isinstance(node, cst.Assert):
+            asserted = True
+        elif isinstance(node, cst.Call):
+            qual = a.call_qualname(node) or ""
+            last = (qual or dotted_name(node.func) or "").rsplit(".", 1)[-1]
+            if qual in _ASSERTING or last.startswith(("assert", "assert_")) or qual.startswith("torch.testing.") \
+                    or method_name(node) in ("allclose", "equal", "isclose"):
+                asserted = True
+        elif isinstance(node, cst.Name) and node.value in names:
+            uses += 1
+            return asserted
+        return all(visit(child, asserted) for child in node.children)
+
+    return visit(fn.body, False) and uses > 0
+
+
+def _slice_length(part: cst.Slice) -> tuple[int, int] | str:
+    """The length of `lower:upper` along a dimension of unknown size L, as (coefficient of L, constant);
+    text when it depends on names or a step."""
+    def bound(node: cst.BaseExpression | None, default: tuple[int, int]) -> tuple[int, int] | None:
+        if node is None:
+            return default
+        value = _int_value(node)
+        if value is None:
+            return None
+        return (1, value) if value < 0 else (0, value)
+
+    lower, upper = bound(part.lower, (0, 0)), bound(part.upper, (1, 0))
+    if lower is None or upper is None or part.step is not None:
+        return code_of(part)
+    return upper[0] - lower[0], upper[1] - lower[1]
+
+
+def _beyond_batch(node: cst.BaseExpression) -> tuple:
+    """How indexing changes the dimensions after the batch dimension: `x` and `x[:n]` -> (); `x[:, :5]`,
+    `x[..., 1:]` describe the sliced dimension by its length, so `x[:, :-1]` and `x[:, 1:]` agree."""
+    if not isinstance(node, cst.Subscript):
+        return ()
+    described = []
+    for element in node.slice:
+        inner = element.slice
+        if isinstance(inner, cst.Slice):
+            described.append(("slice", _slice_length(inner)))
+        elif isinstance(inner.value, cst.Ellipsis):
+            described.append(("...",))
+        elif isinstance(inner.value, cst.Name) and inner.value.value == "None":
+            described.append(("new",))
+        elif _int_value(inner.value) is not None:
+            described.append(("index",))
+        else:
+            described.append(("index", code_of(inner.value)))  # a tensor index selects a shape of its own
+    if described and described[0][0] != "...":
+        described = described[1:]  # the batch dimension itself may be cut anywhere
+    full = ("slice", (1, 0))
+    if ("...",) in described:
+        at = described.index(("...",))
+        prefix, suffix = described[:at], described[at + 1:]
+        while suffix and suffix[0] == full:
+            suffix = suffix[1:]
+        described = prefix + ([("...",)] + suffix if suffix else [])
+    while described and described[-1] == full:
+        described = described[:-1]
+    return tuple(described)
+
+
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "randn", "rand", "full", "randint"}
+
+
+def _literal_shape(a: FileAnalysis, node: cst.BaseExpression) -> tuple[int | None, ...] | None:
+    """The shape of `torch.tensor([[1, 2, 3]])` or `torch.randn(2, 10)` (None entries: sizes not literal)."""
+    while isinstance(node, cst.Call) and method_name(node) in ("to", "cuda", "cpu", "long", "float", "half", "int",
+                                                                "bfloat16", "double", "bool", "contiguous"):
+        node = node.func.value  # type: ignore[attr-defined]
+    if not isinstance(node, cst.Call):
+        return None
+    qual = a.call_qualname(node) or ""
+    if not qual.startswith("torch."):
+        return None
+    last = qual.rsplit(".", 1)[-1]
+    positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
+    if last in ("tensor", "as_tensor") and positional:
+        shape: list[int] = []
+        value = positional[0]
+        while isinstance(value, (cst.List, cst.Tuple)):
+            shape.append(len(value.elements))
+            if not value.elements or any(isinstance(e, cst.StarredElement) for e in value.elements):
+                break
+            value = value.elements[0].value
+        return tuple(shape) if shape else None
+    if last not in _SIZED_FACTORIES:
+        return None
+    size = call_arg(node, "size")
+    if size is not None:
+        sizes: list[cst.BaseExpression] | None = [size.value]
+    elif last == "randint":
+        sizes = [positional[-1]] if positional and isinstance(positional[-1], (cst.Tuple, cst.List)) else None
+    elif last == "full":
+        sizes = positional[:1]
+    else:
+        sizes = positional
+    if not sizes:
+        return None
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        sizes = [e.value for e in sizes[0].elements]
+    return tuple(_int_value(s) for s in sizes)
+
+
+def _shapes_differ(first: tuple[int | None, ...], second: tuple[int | None, ...]) -> bool:
+    if len(first) != len(second):
+        return True
+    return any(x is not None and y is not None and x != y for x, y in list(zip(first, second))[1:])
+
+
+# ---------------------------------------------------------------------------------------------
 # the rule
 
 _BARRIER_METHODS = {"backward", "step", "zero_grad", "train", "eval", "load_state_dict", "requires_grad_",
@@ -683,6 +947,13 @@ class SplitForwardSameModule(Rule):
     catalog's check), or when the module's definition is not visible and it is not provably in eval mode;
     nor for recurrent or sequence-first modules, differing keyword arguments, a data dependency between
     the calls, or outputs whose structure is unknown. Those sites are reported with a note saying why.
+
+    Not reported: helpers that are not networks (activations, pooling, losses, and same-file module classes
+    with no `nn.Parameter` and no learned layer, such as a rotary embedding that keeps only buffers); calls in
+    the forward of a model class that the program compiles (`torch.compile(model)`, `model.compile()`,
+    `@torch.compile`), where the calls are part of one compiled graph; inputs known to differ beyond the batch
+    dimension (`x` and `x[:, :n]`, `torch.tensor` literals or factories of other sizes), where `torch.cat`
+    would fail; outputs that only feed assertions or `allclose`/`torch.testing` comparisons; and test files.
     """
 
     code = "GPU070"
@@ -727,6 +998,72 @@ class SplitForwardSameModule(Rule):
                 d_fake = disc(gen(noise).detach())
                 d_fake.mean().backward()
                 opt_d.step()
+            """
+        ),
+        Valid(  # a parameter-free helper module (buffers only) is elementwise glue, not a network
+            """
+            import torch
+            import torch.nn as nn
+            class Scale(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.register_buffer("gain", torch.linspace(0.5, 1.5, dim))
+                def forward(self, x):
+                    return x * self.gain
+            class Pair(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.fc = nn.Linear(dim, dim)
+                    self.scale = Scale(dim)
+                def forward(self, a, b):
+                    sa, sb = self.scale(a), self.scale(b)
+                    return self.fc(sa * sb)
+            """
+        ),
+        Valid(  # the model is compiled: its forward's calls are one compiled graph
+            """
+            import torch
+            import torch.nn as nn
+            class Siamese(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.encoder = nn.Linear(32, 32)
+                def forward(self, a, b):
+                    ea, eb = self.encoder(a), self.encoder(b)
+                    return (ea * eb).sum(-1)
+            model = torch.compile(Siamese().cuda())
+            """
+        ),
+        Valid(  # the second input is cut along dim 1: the batches cannot be concatenated
+            """
+            import torch
+            def prefix_outputs(model, tokens, n):
+                with torch.no_grad():
+                    full = model(tokens)
+                    prefix = model(tokens[:, :n])
+                return full, prefix
+            """
+        ),
+        Valid(  # inputs of different lengths
+            """
+            import torch
+            def lengths(model):
+                short = torch.tensor([[4, 5, 6]])
+                longer = torch.tensor([[4, 5, 6, 0, 0]])
+                with torch.no_grad():
+                    a = model(short)
+                    b = model(longer)
+                return a, b
+            """
+        ),
+        Valid(  # the outputs are only compared: a consistency check, not a hot path
+            """
+            import torch
+            def check_consistency(model, x, y):
+                with torch.no_grad():
+                    out_x = model(x)
+                    out_y = model(y)
+                torch.testing.assert_close(out_x, out_y)
             """
         ),
         Invalid(
@@ -798,17 +1135,34 @@ class SplitForwardSameModule(Rule):
 
     # -- visitors ----------------------------------------------------------------------------
 
+    def _not_worth_merging_here(self) -> bool:
+        """Test code, and the forward of a model class that the program compiles: there the calls are part
+        of one compiled graph, and merging them was measured to change little while raising peak memory."""
+        if is_test_path(self.ctx.path):
+            return True
+        a = self.ctx.analysis
+        fn = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
+        info = a.enclosing_class(self.ctx.ancestors)
+        if fn is None or info is None or not info.is_module:
+            return False
+        if a.is_compiled(self.ctx.ancestors):
+            return True
+        in_forward = any(a.hot.get(id(n)) in (HotKind.FORWARD, HotKind.COMPILED) for n in self.ctx.ancestors
+                         if isinstance(n, cst.FunctionDef))
+        return in_forward and info.node.name.value in CompiledModels.of(a).classes
+
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         if not any(isinstance(a, cst.FunctionDef) for a in self.ctx.ancestors) and not self.ctx.in_loop():
             return
-        if not self._in_scope():
+        if not self._in_scope() or self._not_worth_merging_here():
             return
         for group in self._groups(node):
             self._report_group(node, group)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         """`a_out, b_out = net(a), net(b)` in one statement."""
-        if len(node.targets) != 1 or not isinstance(node.value, cst.Tuple) or not self._in_scope():
+        if len(node.targets) != 1 or not isinstance(node.value, cst.Tuple) or not self._in_scope() \
+                or self._not_worth_merging_here():
             return
         target = node.targets[0].target
         elements = node.value.elements
@@ -825,6 +1179,8 @@ class SplitForwardSameModule(Rule):
             return
         differing = self._differing(calls)  # type: ignore[arg-type]
         if differing is None or not self._feeds_network(first, kind, differing):
+            return
+        if self._only_checked([target], [node]):
             return
         facts, why_not = self._facts_and_blockers(first, kind, differing, calls)  # type: ignore[arg-type]
         statement = self.ctx.parent()
@@ -905,6 +1261,8 @@ class SplitForwardSameModule(Rule):
         assert kind is not None
         if not self._feeds_network(calls[0], kind, differing):
             return
+        if self._only_checked([s.assign.targets[0].target for s in group], [s.statement for s in group]):
+            return
         facts, why_not = self._facts_and_blockers(calls[0], kind, differing, calls)
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
@@ -940,7 +1298,33 @@ class SplitForwardSameModule(Rule):
         texts = [tuple(code_of(p[i].value) for i in differing) for p in positional]
         if len(set(texts)) != len(texts):
             return None
+        if any(self._other_shapes([p[i].value for p in positional]) for i in differing):
+            return None
         return differing
+
+    def _other_shapes(self, values: list[cst.BaseExpression]) -> bool:
+        """Are the batches known to differ beyond the batch dimension, so `torch.cat` would fail? `x` and
+        `x[:, :n]`, `x[..., 1:]` and `x[..., :2]`, `torch.tensor([[1, 2]])` and `torch.tensor([[1, 2, 3]])`."""
+        resolved = [self._single_value(v) for v in values]
+        if len({_beyond_batch(v) for v in resolved}) > 1:
+            return True
+        shapes = [_literal_shape(self.ctx.analysis, v) for v in resolved]
+        known = [shape for shape in shapes if shape is not None]
+        return any(_shapes_differ(x, y) for i, x in enumerate(known) for y in known[i + 1:])
+
+    def _single_value(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """`short` -> the value of its one reaching assignment (`torch.tensor(...)`, `text[:, :n]`)."""
+        if isinstance(node, cst.Name):
+            bindings = self.ctx.analysis.reaching_bindings(node.value, self.ctx.ancestors)
+            if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
+                return bindings[0].value
+        return node
+
+    def _only_checked(self, targets: Sequence[cst.BaseExpression], statements: Sequence[cst.CSTNode]) -> bool:
+        """The outputs only feed assertions or `allclose`-style comparisons (a consistency check)."""
+        fn = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
+        names = {n.value for t in targets for n in walk(t) if isinstance(n, cst.Name)}
+        return _only_asserted(self.ctx.analysis, fn, names, statements)
 
     def _feeds_network(self, call: cst.Call, kind: str, differing: list[int]) -> bool:
         """For a wrapper function: does a differing argument reach the network call inside it? (`test(model,
