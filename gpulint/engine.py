@@ -137,8 +137,12 @@ def lint_text(
     rule_options: dict[str, dict[str, Any]] | None = None,
     module: cst.Module | None = None,
     analysis: FileAnalysis | None = None,
+    cuda_evidence: tuple[bool, bool] | None = None,
 ) -> LintResult:
-    """Lint `text`. Syntax errors become a GPU900 diagnostic; a crashing rule raises RuleCrash."""
+    """Lint `text`. Syntax errors become a GPU900 diagnostic; a crashing rule raises RuleCrash.
+
+    `cuda_evidence` (certain, maybe) replaces what the file itself shows: the fixer passes the evidence of the
+    text the user wrote, so that a fix's own `torch.cuda.is_available()` cannot create findings elsewhere."""
     active = might_match(text, rules)
     if not active and module is None:
         # no rule can match: CPython's parser (fast) still reports syntax errors; libcst is not needed
@@ -155,6 +159,8 @@ def lint_text(
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     if analysis is None:
         analysis = analyze(module, program.module_classes if program else None)
+    if cuda_evidence is not None:
+        analysis.cuda_evidence, analysis.maybe_cuda_evidence = cuda_evidence
     program = program or ProgramFacts.of_single_file(path, text, analysis)
     ctx = RuleContext(path, module, analysis, program, rule_options or {})
     instances = [rule(ctx) for rule in active]

@@ -105,6 +105,12 @@ def fix_text(
     outcome = FixOutcome(text)
     current = text
     result: LintResult = lint_text(current, path, rules, program=program, rule_options=rule_options)
+    # Later passes judge the program by what the user wrote, not by what earlier fixes inserted
+    # (`pin_memory=torch.cuda.is_available()` is not evidence that the file targets CUDA).
+    evidence = None
+    if result.analysis is not None:
+        evidence = (result.analysis.cuda_evidence, result.analysis.maybe_cuda_evidence)
+        program = program or ProgramFacts.of_single_file(path, text, result.analysis)
     for _ in range(MAX_PASSES):
         candidates = [d for d in result.diagnostics
                       if d.fix is not None and d.fix.safety >= min_safety and can_fix(d)]
@@ -126,6 +132,6 @@ def fix_text(
         outcome.fixed.extend(chosen)
         outcome.replaced.extend(_replaced_texts(current, d.fix.edits) for d in chosen)  # type: ignore[union-attr]
         current = new_text
-        result = lint_text(current, path, rules, program=program, rule_options=rule_options)
+        result = lint_text(current, path, rules, program=program, rule_options=rule_options, cuda_evidence=evidence)
     outcome.text, outcome.remaining, outcome.converged = current, result.diagnostics, False
     return outcome

@@ -157,3 +157,25 @@ def test_add_keyword_keeps_comments_on_their_lines(source, expected):
             return add_keyword(updated_node, "fused", "True")
 
     assert cst.parse_module(source).visit(AddFused()).code == expected
+
+
+class PinsWhenCuda(Rule):
+    """Reports `load(...)` when the file shows CUDA, and `export(...)` always; the fix inserts CUDA evidence."""
+    __doc__ = DOC
+    code, name, message, fix_title, safety = "GPU989", "pins-when-cuda", "m", "t", Safety.SAFE
+    examples = [Valid("a\n"), Invalid("x\n", fixed="x\n")]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not isinstance(node.func, cst.Name) or node.args[-1].keyword is not None:
+            return
+        evidence = self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
+        if node.func.value == "export" or (node.func.value == "load" and evidence):
+            self.report(node, replacement=f"{node.func.value}(x, pin=torch.cuda.is_available())")
+
+
+def test_text_inserted_by_a_fix_is_not_evidence_for_later_passes():
+    """`pin_memory=torch.cuda.is_available()` added by one fix must not make the file a CUDA program for the next
+    pass: `fix` would then rewrite code that `check` never reported."""
+    source = "import torch\nexport(x)\nload(x)\n"
+    outcome = fix_text(source, "t.py", [PinsWhenCuda])
+    assert outcome.text == "import torch\nexport(x, pin=torch.cuda.is_available())\nload(x)\n"
