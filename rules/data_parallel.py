@@ -3,11 +3,32 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg
+from gpulint.analysis import call_arg, dotted_name, iter_calls, method_name, walk
 
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
                   "torch.nn.parallel.data_parallel.data_parallel"}
+_DISTRIBUTED = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+                "torch.nn.DistributedDataParallel"}
+_MOVES = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"}
+
+
+def _trains_here(a, scope: cst.CSTNode) -> bool:  # noqa: ANN001
+    """A backward pass or an optimizer step in `scope` (not in functions nested in it)."""
+    for call in iter_calls(scope):
+        name = method_name(call)
+        if name == "backward" or a.call_qualname(call) == "torch.autograd.backward":
+            return True
+        if name == "step" and "opt" in cst.Module(body=[]).code_for_node(call).lower():
+            return True  # `optimizer.step()`, `opt_d.step()`, `scaler.step(optimizer)`
+    return False
+
+
+def _root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`model.cuda()` -> `model`; `model.features.to(dev)` -> `model.features`."""
+    while isinstance(node, cst.Call) and method_name(node) in _MOVES:
+        node = node.func.value  # type: ignore[attr-defined]
+    return node
 
 
 class DataParallel(Rule):
@@ -39,6 +60,14 @@ class DataParallel(Rule):
     loader = DataLoader(train_set, batch_size=per_gpu_batch, sampler=DistributedSampler(train_set))
     ```
 
+    Reported only where the wrapped model is trained in this file: the construction sits in a function (or
+    script body) with a backward pass or optimizer step, the wrapped model is handed to or returned to such a
+    function, or stored on `self` and used by a method that trains. Not reported: DataParallel built only for
+    sampling or inference (often just to load a checkpoint saved with `module.` prefixes), a re-wrap inside an
+    `isinstance(m, nn.DataParallel)` branch, a library helper that wraps a module its caller passes in, and the
+    DataParallel fallback of an if/elif chain that also builds `DistributedDataParallel` (the script already
+    offers DDP).
+
     ## Fix safety
     No automatic fix: moving to DDP changes how the script is launched, needs a process group, a
     `DistributedSampler` (and `set_epoch` per epoch), per-GPU batch sizes and rank-0-only logging and
@@ -67,18 +96,74 @@ class DataParallel(Rule):
             """
             import torch.nn as nn
             model = nn.DataParallel(model, device_ids=[0])
+            for x, y in loader:
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # sampling only: wrapped to load a checkpoint saved from a DataParallel model
+            """
+            import torch
+            def sample(net, ckpt, noise):
+                net = torch.nn.DataParallel(net.cuda())
+                net.load_state_dict(torch.load(ckpt))
+                net.eval()
+                with torch.no_grad():
+                    return net(noise)
+            """
+        ),
+        Valid(  # a helper that wraps whatever module its caller passes in
+            """
+            from torch.nn import DataParallel
+            def setup_module(module, devices):
+                return DataParallel(module=module, device_ids=devices)
+            """
+        ),
+        Valid(  # re-wrapping a copy of a module that was already DataParallel
+            """
+            import copy
+            import torch.nn as nn
+            def clone(m):
+                if isinstance(m, nn.DataParallel):
+                    return nn.DataParallel(copy.deepcopy(m.module))
+                return copy.deepcopy(m)
+            """
+        ),
+        Valid(  # the fallback of a chain that already offers DistributedDataParallel
+            """
+            import torch
+            def main(args):
+                model = build_model()
+                if args.distributed:
+                    model = torch.nn.parallel.DistributedDataParallel(model.cuda(), device_ids=[args.gpu])
+                else:
+                    model = torch.nn.DataParallel(model).cuda()
+                for x, y in loader:
+                    loss_fn(model(x), y).backward()
+                    optimizer.step()
             """
         ),
         Invalid(
             """
             import torch
             net = torch.nn.DataParallel(net)
+            for x, y in loader:
+                loss = criterion(net(x), y)
+                loss.backward()
+                optimizer.step()
             """
         ),
-        Invalid(
+        Invalid(  # wrapped in one function, trained in another
             """
             from torch import nn
-            model = nn.DataParallel(model, device_ids=list(range(args.num_gpu))).cuda()
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+            def main(args):
+                model = nn.DataParallel(build_model(), device_ids=list(range(args.num_gpu))).cuda()
+                train(model, loader, optimizer)
             """
         ),
     ]
@@ -91,4 +176,100 @@ class DataParallel(Rule):
         devices = call_arg(node, "device_ids", 2 if qualname.endswith("data_parallel") else 1)
         if devices is not None and isinstance(devices.value, (cst.List, cst.Tuple)) and len(devices.value.elements) == 1:
             return
+        if self._not_training(node, qualname):
+            return
         self.report(node)
+
+    # -- is the wrapped model trained here? ----------------------------------------------------
+
+    def _not_training(self, node: cst.Call, qualname: str) -> bool:
+        a = self.ctx.analysis
+        ancestors = self.ctx.ancestors
+        fn = next((n for n in reversed(ancestors) if isinstance(n, cst.FunctionDef)), None)
+        for ancestor in ancestors:
+            if isinstance(ancestor, cst.If) and any(
+                    (a.call_qualname(c) == "isinstance" or dotted_name(c.func) == "isinstance") and len(c.args) > 1
+                    and any(a.qualname(n) in _DATA_PARALLEL for n in walk(c.args[1].value)
+                            if isinstance(n, (cst.Name, cst.Attribute)))
+                    for c in iter_calls(ancestor.test)):
+                return True  # `if isinstance(m, nn.DataParallel): ... nn.DataParallel(copy)`
+        module = call_arg(node, "module", 0)
+        if module is not None and fn is not None:
+            root = _root(module.value)
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            params = {p.name.value for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]}
+            if isinstance(root, cst.Name) and root.value in params and root.value != "self":
+                return True  # a helper wrapping a module its caller passes in
+        if self._ddp_alternative(ancestors):
+            return True
+        scope: cst.CSTNode = fn if fn is not None else a.module
+        if _trains_here(a, scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            return False
+        info = a.enclosing_class(ancestors)
+        if info is not None and info.is_module:
+            # `data_parallel(self.main, x, ...)` in a module's forward: trained wherever the module is
+            return not _trains_here(a, a.module) and not any(
+                _trains_here(a, f) for f in walk(a.module, into_functions=True) if isinstance(f, cst.FunctionDef))
+        target = self._target(ancestors)
+        if target is None:
+            return True
+        return not self._flows_to_training(target, scope, fn, info)
+
+    def _ddp_alternative(self, ancestors) -> bool:  # noqa: ANN001
+        """Inside an if/elif/else chain one of whose branches builds DistributedDataParallel."""
+        a = self.ctx.analysis
+        for node in reversed(ancestors):
+            if isinstance(node, cst.FunctionDef):
+                return False
+            if isinstance(node, cst.If) and any(a.call_qualname(c) in _DISTRIBUTED
+                                                for c in iter_calls(node)):
+                return True
+        return False
+
+    def _target(self, ancestors) -> str | None:  # noqa: ANN001
+        """`model` / `self.model` / `model.features` that the construction is assigned to."""
+        for node in reversed(ancestors):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)):
+                target = node.targets[0].target if isinstance(node, cst.Assign) else node.target
+                return dotted_name(target)
+            if isinstance(node, cst.Return):
+                return "<return>"
+            if isinstance(node, (cst.BaseCompoundStatement, cst.FunctionDef)):
+                return None
+        return None
+
+    def _flows_to_training(self, target: str, scope: cst.CSTNode, fn: cst.FunctionDef | None, info) -> bool:  # noqa: ANN001
+        a = self.ctx.analysis
+        trainers = {f.name.value for f in walk(a.module, into_functions=True)
+                    if isinstance(f, cst.FunctionDef) and _trains_here(a, f.body)}
+        if not trainers:
+            return False
+        body = scope.body if isinstance(scope, cst.FunctionDef) else scope
+        if target == "<return>" or self._returned(target, body):
+            # a factory: trained where its caller trains
+            name = fn.name.value if fn is not None else None
+            return name is not None and any(
+                any((dotted_name(c.func) or "").rsplit(".", 1)[-1] == name for c in iter_calls(f.body))
+                for f in walk(a.module, into_functions=True)
+                if isinstance(f, cst.FunctionDef) and f.name.value in trainers)
+        for call in iter_calls(body):
+            callee = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
+            if callee in trainers and any(dotted_name(arg.value) == target for arg in call.args):
+                return True  # `train(model, loader, optimizer)`
+        if target.startswith("self.") and info is not None:
+            attr = target
+            for f in walk(info.node, into_functions=True):
+                if isinstance(f, cst.FunctionDef) and f.name.value in trainers and any(
+                        dotted_name(n) == attr for n in walk(f.body) if isinstance(n, cst.Attribute)):
+                    return True  # `self.model` used by a method that trains
+        return False
+
+    @staticmethod
+    def _returned(target: str, body: cst.CSTNode) -> bool:
+        for n in walk(body):
+            if isinstance(n, cst.Return) and n.value is not None:
+                returned = dotted_name(n.value)
+                if returned is not None and (target == returned or target.startswith(returned + ".")):
+                    return True  # `model.features = DataParallel(...)`, then `return model`
+        return False

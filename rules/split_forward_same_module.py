@@ -33,6 +33,8 @@ _ATTENTION = {"Transformer", "TransformerEncoderLayer", "TransformerDecoderLayer
               "TransformerDecoder", "MultiheadAttention"}
 _DROPOUT_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
 _BUFFERS = {"torch.nn.Buffer", "torch.nn.parameter.Buffer"}  # `self.cos = nn.Buffer(t)`: a tensor, no weights
+_LIBRARY_MODELS = ("torchvision.models.", "timm.models.", "pretrainedmodels.", "segmentation_models_pytorch.")
+_LIBRARY_MODEL_FUNCTIONS = {"timm.create_model", "torch.hub.load"}
 _NOT_MODULE_PREFIXES = ("numpy.", "np.", "math.", "random.", "torch.nn.init.", "torch.nn.functional.",
                         "torch.nn.utils.")
 
@@ -96,10 +98,12 @@ class ModuleResolver:
                 return self._of_values([b.value for b in bindings], info.node)
             method = self._method(info.node, callee.attr.value)
             if method is not None and info.is_module:
-                # `self.forward_once(x)`: a method of this module; the module itself decides
-                facts = self.of_class(info.node.name.value)
-                return ModuleFacts(facts.known, facts.coupling, facts.blocker, facts.cross_row, _returns_arity(method),
-                                   parametric=facts.parametric)
+                # `self.forward_once(x)`: a network only when it wraps a submodule (or the module's own forward);
+                # `self._reshape(x)`, a static `get_params(table, t)` are helpers, not networks
+                facts = self._method_network(info, method, set())
+                if facts is None:
+                    return None
+                return replace(facts, outputs=_returns_arity(method))
             return None
         if isinstance(callee, cst.Name):
             bindings = self.a.bindings_of(callee.value, ancestors)
@@ -108,6 +112,36 @@ class ModuleResolver:
                 return self._of_values(values, None)
             return None
         return None
+
+    def _method_network(self, info, method: cst.FunctionDef, seen: set[str]) -> ModuleFacts | None:  # noqa: ANN001
+        """Facts of the networks a method of a module class runs: `self.encoder(x)`, `self(x)`,
+        `self.forward(x)`, another method that does; None when it runs none (a reshaping helper)."""
+        seen.add(method.name.value)
+        facts: ModuleFacts | None = None
+        for call in iter_calls(method.body):
+            func = call.func
+            found: ModuleFacts | None = None
+            if isinstance(func, cst.Name) and func.value == "self":
+                found = self.of_class(info.node.name.value)
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                attr = func.attr.value
+                bindings = info.attrs.get(attr, [])
+                assigned = [b for b in bindings if b.kind is BindingKind.ASSIGN]
+                if attr == "forward":
+                    found = self.of_class(info.node.name.value)
+                elif assigned:
+                    found = self._of_values([b.value for b in assigned], info.node)
+                    if found is None and _MODULE_NAME.search(attr):
+                        found = UNKNOWN  # `self.encoder = encoder`: a network handed in
+                    if found is not None and (found.loss or not found.parametric):
+                        found = None
+                elif attr not in seen:
+                    inner = self._method(info.node, attr)
+                    if inner is not None:
+                        found = self._method_network(info, inner, seen)
+            if found is not None:
+                facts = found if facts is None else facts.merge(found)
+        return facts
 
     def of_expression(self, node: cst.BaseExpression, ancestors: Sequence[cst.CSTNode]) -> ModuleFacts | None:
         if isinstance(node, cst.Call):
@@ -139,6 +173,9 @@ class ModuleResolver:
             return self.of_construction(call.args[0].value, owner, depth + 1)
         if qual in _BUFFERS:
             return None
+        if qual.startswith(_LIBRARY_MODELS) or qual in _LIBRARY_MODEL_FUNCTIONS:
+            # `torchvision.models.resnet50()`, `timm.create_model(...)`: may have BatchNorm and dropout
+            return ModuleFacts(known=False, coupling="BatchNorm or dropout (a library model may have them)")
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULE_PREFIXES):
             return self._builtin(call, qual.rsplit(".", 1)[-1], owner, depth)
         func = dotted_name(call.func) or ""
@@ -157,7 +194,8 @@ class ModuleResolver:
             return ModuleFacts(coupling="BatchNorm", outputs=1)
         if _DROPOUT.match(kind):
             rate = call_arg(call, "p", 0)
-            return ModuleFacts(coupling=None if rate is not None and _is_zero(rate.value) else "dropout", outputs=1)
+            return ModuleFacts(coupling=None if rate is not None and _is_zero(rate.value) else "dropout", outputs=1,
+                               parametric=False)
         if kind in _RECURRENT:
             return ModuleFacts(blocker="a recurrent module (hidden state, batch in dim 1 unless batch_first)")
         if kind in _ATTENTION:
@@ -191,6 +229,8 @@ class ModuleResolver:
                                                         shaped=inner.shaped, parametric=inner.parametric))
                 if isinstance(arg.value, cst.Name):
                     inner = self._resolve_argument(arg.value, call, owner, depth)
+                    if inner is None and arg.star == "*":
+                        inner = self._list_of_modules(arg.value.value, call, owner, depth)
                     facts = facts.merge(inner or UNKNOWN)
             return facts
         if _SHAPED.match(kind):
@@ -213,6 +253,52 @@ class ModuleResolver:
                                 result = result.merge(more)  # type: ignore[union-attr]
                             return result
         return None
+
+    def _list_of_modules(self, name: str, call: cst.Call, owner: cst.ClassDef | None,
+                         depth: int) -> ModuleFacts | None:
+        """`nn.Sequential(*layers)` where the same function builds `layers` from list literals and
+        `layers.append(...)` / `.extend([...])` / `+= [...]`; None when some part is not a construction."""
+        scope_node = None
+        for scope in self.a.scopes.values():
+            if isinstance(scope.node, cst.FunctionDef) and any(n is call for n in iter_calls(scope.node.body)):
+                if scope_node is None or any(n is scope.node for n in walk(scope_node.body)):
+                    scope_node = scope.node
+        if scope_node is None:
+            return None
+        elements: list[cst.BaseExpression] = []
+        seen_binding = False
+        for node in walk(scope_node.body):
+            if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name
+                                                    for t in node.targets):
+                if not isinstance(node.value, (cst.List, cst.Tuple)):
+                    return None
+                seen_binding = True
+                elements += [e.value for e in node.value.elements]
+            elif isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name) and node.target.value == name:
+                if not isinstance(node.value, (cst.List, cst.Tuple)):
+                    return None
+                elements += [e.value for e in node.value.elements]
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and isinstance(node.func.value, cst.Name) and node.func.value.value == name:
+                verb = node.func.attr.value
+                if verb in ("append", "insert") and node.args:
+                    elements.append(node.args[-1].value)
+                elif verb == "extend" and node.args and isinstance(node.args[0].value, (cst.List, cst.Tuple)):
+                    elements += [e.value for e in node.args[0].value.elements]  # type: ignore[union-attr]
+                elif verb not in ("pop", "index", "count", "__len__"):
+                    return None
+        if not seen_binding:
+            return None
+        facts = ModuleFacts(outputs=1, parametric=False)
+        for element in elements:
+            if isinstance(element, cst.StarredElement) or not isinstance(element, cst.Call):
+                return None
+            inner = self.of_construction(element, owner, depth + 1)
+            if inner is None:
+                return None
+            facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row,
+                                            shaped=inner.shaped, parametric=inner.parametric))
+        return facts
 
     def _of_factory(self, fn: cst.FunctionDef, call: cst.Call, owner: cst.ClassDef | None,
                     depth: int) -> ModuleFacts | None:
@@ -900,6 +986,8 @@ _MODULE_NAME = re.compile(r"(^|_)(model|net|network|policy|actor|critic|encoder|
                           r"generator|q_?net|q_?func|value_?net|backbone|agent)s?\d*$", re.I)
 _WRAP_AT = 96  # longer rewrites put the split on its own line
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.enable_grad"}
+_GRAD_OFF = {"torch.no_grad", "torch.inference_mode"}
+_SILENT = "not reported: may run in training mode"  # a reason that means: report nothing
 
 
 @dataclass
@@ -1066,6 +1154,83 @@ class SplitForwardSameModule(Rule):
                 torch.testing.assert_close(out_x, out_y)
             """
         ),
+        Valid(  # BatchNorm in training mode: one batched call would normalise over both batches together
+            """
+            import torch.nn as nn
+            net = nn.Sequential(nn.Linear(8, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4))
+            for a, b in loader:
+                out_a = net(a)
+                out_b = net(b)
+                (out_a - out_b).pow(2).mean().backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # two views through a head built with `layers.append(nn.BatchNorm1d(..))`: per-view statistics
+            """
+            import torch.nn as nn
+            class TwoViews(nn.Module):
+                def __init__(self, dims):
+                    super().__init__()
+                    layers = []
+                    for d_in, d_out in zip(dims[:-1], dims[1:]):
+                        layers.append(nn.Linear(d_in, d_out))
+                        layers.append(nn.BatchNorm1d(d_out))
+                    self.head = nn.Sequential(*layers)
+                def forward(self, v1, v2):
+                    z1 = self.head(v1)
+                    z2 = self.head(v2)
+                    return (z1 - z2).pow(2).mean()
+            """
+        ),
+        Valid(  # a library model (may have BatchNorm) called on two views in training
+            """
+            import torchvision
+            for v1, v2 in loader:
+                backbone = torchvision.models.resnet18()
+                f1 = backbone(v1)
+                f2 = backbone(v2)
+                loss = (f1 - f2).pow(2).mean()
+                loss.backward()
+            """
+        ),
+        Valid(  # a network whose definition is not visible, in a training step: it may have BatchNorm
+            """
+            def train_step(model, x1, x2, optimizer):
+                p1 = model(x1)
+                p2 = model(x2)
+                loss = (p1 - p2).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Valid(  # a reshaping method of the class and a dropout layer are not networks
+            """
+            import torch.nn as nn
+            class Attend(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.proj = nn.Linear(dim, dim)
+                    self.drop = nn.Dropout(0.1)
+                def split_heads(self, t):
+                    return t.view(t.shape[0], -1, 4, t.shape[-1] // 4).transpose(1, 2)
+                def forward(self, q, k):
+                    qh = self.split_heads(q)
+                    kh = self.split_heads(k)
+                    a = self.drop(qh)
+                    b = self.drop(kh)
+                    return self.proj((a @ b.transpose(-1, -2)).flatten(1))
+            """
+        ),
+        Valid(  # a differing literal argument is a setting, not a batch
+            """
+            import torch
+            def embed(model, x):
+                with torch.no_grad():
+                    small = model(x, 2)
+                    large = model(x, 4)
+                return small, large
+            """
+        ),
         Invalid(
             """
             import torch
@@ -1091,15 +1256,16 @@ class SplitForwardSameModule(Rule):
                 optimizer.step()
             """,
         ),
-        Invalid(  # BatchNorm in training mode: reported, not fixed
+        Invalid(  # BatchNorm without gradients and no `.eval()` seen: reported, not fixed
             """
+            import torch
             import torch.nn as nn
             net = nn.Sequential(nn.Linear(8, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4))
             for a, b in loader:
-                out_a = net(a)
-                out_b = net(b)
-                (out_a - out_b).pow(2).mean().backward()
-                optimizer.step()
+                with torch.no_grad():
+                    out_a = net(a)
+                    out_b = net(b)
+                results.append(out_a - out_b)
             """
         ),
     ]
@@ -1132,6 +1298,31 @@ class SplitForwardSameModule(Rule):
                 return any(self.ctx.qualname(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
                            in _NO_GRAD for d in node.decorators)
         return False
+
+    def _may_train(self) -> bool:
+        """Can the calls run in training mode? False under `torch.no_grad()` / `torch.inference_mode()`
+        (a `with` or a decorator of the enclosing function) or `torch.set_grad_enabled(False)`."""
+        for node in reversed(self.ctx.ancestors):
+            if isinstance(node, cst.With):
+                for item in node.items:
+                    expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+                    qual = self.ctx.qualname(expr)
+                    if qual in _GRAD_OFF:
+                        return False
+                    if qual == "torch.set_grad_enabled" and isinstance(item.item, cst.Call) and item.item.args \
+                            and _is_false(item.item.args[0].value):
+                        return False
+            if isinstance(node, cst.FunctionDef):
+                return not any(self.ctx.qualname(d.decorator.func if isinstance(d.decorator, cst.Call)
+                                                 else d.decorator) in _GRAD_OFF for d in node.decorators)
+        return True
+
+    def _silent_in_training(self, facts: ModuleFacts) -> bool:
+        """BatchNorm, dropout, or a definition gpulint cannot see (which may have them): in training mode one
+        batched call normalises over / draws randomness for all batches together, a change of method (two
+        views in self-supervised learning), not of speed. Not reported unless the calls provably run without
+        gradients or in eval mode (`facts` already reflect `.eval()` evidence)."""
+        return (facts.coupling is not None or not facts.known) and self._may_train()
 
     # -- visitors ----------------------------------------------------------------------------
 
@@ -1183,6 +1374,8 @@ class SplitForwardSameModule(Rule):
         if self._only_checked([target], [node]):
             return
         facts, why_not = self._facts_and_blockers(first, kind, differing, calls)  # type: ignore[arg-type]
+        if why_not == _SILENT:
+            return
         statement = self.ctx.parent()
         if why_not is None and isinstance(target, cst.Tuple) and len(target.elements) == len(calls) \
                 and kind == "module" and facts is not None and facts.outputs == 1 \
@@ -1264,6 +1457,8 @@ class SplitForwardSameModule(Rule):
         if self._only_checked([s.assign.targets[0].target for s in group], [s.statement for s in group]):
             return
         facts, why_not = self._facts_and_blockers(calls[0], kind, differing, calls)
+        if why_not == _SILENT:
+            return
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
         replacement = None
@@ -1289,6 +1484,8 @@ class SplitForwardSameModule(Rule):
         differing = [i for i in range(len(positional[0])) if len({code_of(p[i].value) for p in positional}) > 1]
         if not differing:
             return None
+        if any(_is_constant(p[i].value) for p in positional for i in differing):
+            return None  # `f(x, 6)` and `f(y, 3)`: a differing setting, not a batch
         for i in differing:
             # `net(self.src_embed(src))`, `net(self.tgt_embed(tgt))`: different kinds of data (other shapes)
             producers = {code_of(p[i].value.func) if isinstance(p[i].value, cst.Call) else None for p in positional}
@@ -1389,10 +1586,14 @@ class SplitForwardSameModule(Rule):
                     facts = found if facts is None else facts.merge(found)
             if facts is None:
                 return None, f"`{fn.name.value}` does not receive the network as an argument"
+            if self._silent_in_training(facts):
+                return None, _SILENT
             reason = self._coupling_reason(facts, positional[[i for i, p in enumerate(params) if p in module_args][0]].value)
             return ModuleFacts(outputs=_returns_arity(fn)), reason
         facts = self.modules.of_callee(call.func, self.ctx.ancestors) or UNKNOWN
         facts = self._eval_mode(call.func, facts)
+        if self._silent_in_training(facts):
+            return facts, _SILENT
         if facts.blocker:
             return facts, f"not batchable: {facts.blocker}"
         if facts.cross_row:
@@ -1576,6 +1777,20 @@ class SplitForwardSameModule(Rule):
 
 # ---------------------------------------------------------------------------------------------
 # helpers of the rule
+
+
+def _is_constant(node: cst.BaseExpression) -> bool:
+    """Literal numbers, strings, `True`/`False`/`None` and tuples of them: settings, never batches."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+                         cst.FormattedString)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _is_constant(node.expression)
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None")
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return bool(node.elements) and all(_is_constant(e.value) for e in node.elements)
+    return False
 
 
 def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
