@@ -690,6 +690,29 @@ class PerFileFacts:
 # expression predicates (need the ancestors of the expression for scope lookups)
 
 
+# `torch.nn` names that are tensors or containers of tensors, not modules
+_NN_TENSOR_CLASSES = {"Parameter", "Buffer", "UninitializedParameter", "UninitializedBuffer", "PackedSequence"}
+_NN_NOT_MODULES = ("torch.nn.functional", "torch.nn.parameter.", "torch.nn.utils.rnn.", "torch.nn.init.")
+_REGISTERED: dict[int, tuple[cst.ClassDef, frozenset[str]]] = {}
+
+
+def registered_tensors(info: ClassInfo) -> frozenset[str]:
+    """Names a class registers as tensors: `self.register_buffer("name", ...)`, `self.register_parameter(...)`."""
+    cached = _REGISTERED.get(id(info.node))
+    if cached is not None and cached[0] is info.node:
+        return cached[1]
+    names = set()
+    for call in iter_calls(info.node, into_functions=True):
+        if method_name(call) in ("register_buffer", "register_parameter") and call.args:
+            name = string_value(call.args[0].value)
+            if name is not None:
+                names.add(name)
+    if len(_REGISTERED) > 256:
+        _REGISTERED.clear()
+    _REGISTERED[id(info.node)] = (info.node, frozenset(names))
+    return _REGISTERED[id(info.node)][1]
+
+
 class Evidence:
     """Expression predicates bound to one file and one traversal position."""
 
@@ -933,7 +956,8 @@ class Evidence:
             qual = self.a.call_qualname(node) or ""
             func = dotted_name(node.func) or ""
             last = func.rsplit(".", 1)[-1]
-            if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith("torch.nn.functional"):
+            if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith(_NN_NOT_MODULES) \
+                    and last not in _NN_TENSOR_CLASSES:
                 return Confidence.HIGH
             if last in self.a.classes and self.a.classes[last].is_module:
                 return Confidence.HIGH
@@ -951,6 +975,8 @@ class Evidence:
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
             info = self.a.enclosing_class(self.ancestors)
             bindings = info.attrs.get(node.attr.value, []) if info else []
+            if info is not None and node.attr.value in registered_tensors(info):
+                return None  # `self.register_buffer("x", ...)` / `register_parameter`: a tensor, not a module
             found = [self.is_module(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN]
             if found and all(found):
                 return max(found)

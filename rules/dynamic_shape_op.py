@@ -5,7 +5,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, method_name
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
-from gpulint.rules.host_sync_in_hot_loop import HOST, Placement
+from gpulint.rules.host_sync_in_hot_loop import HOST, Placement, on_error_path
 
 # torch functions whose output size depends on the data (x[mask] and masked_select are GPU001)
 _FUNCTIONS = {"torch.nonzero": "nonzero", "torch.argwhere": "argwhere", "torch.unique": "unique",
@@ -22,7 +22,9 @@ class DynamicShapeOp(Rule):
     `bincount` without `minlength`, and `repeat_interleave` with tensor repeats and no `output_size`.
     (Boolean-mask indexing and `masked_select` are GPU001.) Operands known to be host data (a CPU tensor from
     `torch.tensor(...)`, `torch.from_numpy(...)` or `torch.arange(...)` without `device=`, never moved) need
-    no device sync and are only reported in compiled code, as a graph break.
+    no device sync and are only reported in compiled code, as a graph break. Code that runs only when the run
+    fails is not reported: a branch that always ends in `raise`, `sys.exit()`, `assert False` or
+    `torch._assert(False, ...)` (locating the bad element for the error message).
 
     ## Why is this slow
     The host cannot size the output until the GPU has counted it, so each call synchronizes (an H100 shows one
@@ -84,6 +86,21 @@ class DynamicShapeOp(Rule):
                     return counts, evens
             """
         ),
+        Valid(  # only on the error path: finding the offending element for the message
+            """
+            import torch
+            class Detector(torch.nn.Module):
+                def forward(self, images, boxes):
+                    bad = boxes[:, 2:] <= boxes[:, :2]
+                    if bad.any():
+                        first = torch.where(bad.any(dim=1))[0][0]
+                        torch._assert(False, f"degenerate box at index {first}")
+                    if (boxes < 0).any():
+                        where = boxes.nonzero()
+                        assert False, f"negative coordinates at {where}"
+                    return self.head(images, boxes)
+            """
+        ),
         Invalid(
             """
             import torch
@@ -106,7 +123,7 @@ class DynamicShapeOp(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         op = self._dynamic_op(node)
-        if op is None or not self.ctx.in_hot_region():
+        if op is None or not self.ctx.in_hot_region() or on_error_path(self.ctx):
             return
         compiled = self.ctx.is_compiled()
         if self._host_operand(node):

@@ -40,6 +40,13 @@ _TENSOR_METHODS = {
     "mode", "kthvalue", "quantile", "dot", "outer", "diag", "diagonal", "trace", "tril", "triu", "flip", "roll",
     "to_dense", "sum_to_size", "lerp", "exp_", "abs_", "masked_fill_",
 }
+# In-place random fills: the result is the receiver, wherever it lives (`torch.empty(1).uniform_(a, b)`).
+_FILL_METHODS = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+                 "log_normal_"}
+# torch functions computed elementwise on their tensor arguments
+_ELEMENTWISE = {"exp", "log", "log1p", "sqrt", "rsqrt", "abs", "neg", "sign", "round", "floor", "ceil", "clamp",
+                "clip", "sigmoid", "tanh", "pow", "mul", "add", "sub", "div", "where", "minimum", "maximum", "lerp",
+                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "sin", "cos"}
 # Of those, the ones NumPy arrays share: not evidence that an unknown receiver is a tensor.
 _NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "argmin", "clip", "reshape",
                  "flatten", "squeeze", "transpose", "repeat", "round", "any", "all", "cumsum", "cumprod", "diagonal",
@@ -146,6 +153,78 @@ class Placement:
 
     def is_tensor(self, node: cst.BaseExpression | None) -> bool:
         return self.of(node) in (DEVICE, TENSOR, HOST)
+
+    def host_only(self, node: cst.BaseExpression | None) -> bool:
+        """Is every tensor in this expression a CPU tensor, with at least one (`torch.rand(1) < self.p`)?
+        Stricter than `of(...) == HOST`: an operand that is a tensor of unknown placement (a 0-d CPU tensor
+        mixes with a device tensor, and the result lives on the device) makes it False."""
+        leaves: list[cst.BaseExpression] = []
+        _leaf_operands(node, leaves)
+        found_host = False
+        for leaf in leaves:
+            if self.built_on_host(leaf):
+                found_host = True
+                continue
+            kind = self.of(leaf)
+            if kind in (DEVICE, TENSOR, HOST):
+                return False
+            elif kind is None:
+                verdict = self.ev.is_tensor(leaf)
+                if verdict is True or verdict is None and not _is_plain_value(leaf):
+                    return False
+        return found_host
+
+    def built_on_host(self, node: cst.BaseExpression | None, depth: int = 0) -> bool:
+        """A tensor made on the CPU by this code: a torch factory without `device=` (`torch.rand(1)`,
+        `torch.empty(1).uniform_(a, b)`, `torch.tensor(x)`), or a value computed only from such tensors and
+        Python values by elementwise ops, casts, in-place fills or indexing. Narrower than `of(...) == HOST`
+        (no DataLoader batches or module outputs, whose placement a model may change)."""
+        if node is None or depth > 6 or self.default_device:
+            return False
+        if isinstance(node, cst.Subscript):
+            return self.built_on_host(node.value, depth + 1)
+        if isinstance(node, cst.UnaryOperation) and not isinstance(node.operator, cst.Not):
+            return self.built_on_host(node.expression, depth + 1)
+        if isinstance(node, cst.BinaryOperation):
+            return self._host_operands([node.left, node.right], depth)
+        if isinstance(node, cst.Name):
+            bindings = self.reaching(node.value)
+            return bool(bindings) and all(b.kind is BindingKind.ASSIGN and self.built_on_host(b.value, depth + 1)
+                                          for b in bindings)
+        if not isinstance(node, cst.Call):
+            return False
+        qual = self.ctx.qualname(node.func) or ""
+        if qual.startswith("torch."):
+            last = qual.rsplit(".", 1)[-1]
+            if call_arg(node, "device") is not None or qual.count(".") != 1:
+                return False
+            if last in ("tensor", "as_tensor"):  # these keep the device of a tensor argument
+                data = node.args[0].value if node.args else None
+                return data is not None and (self.of(data) == NONTENSOR or self.ev.is_tensor(data) is False
+                                             or self.built_on_host(data, depth + 1))
+            if last in _FACTORIES or last in _HOST_CONSTRUCTORS:
+                return all(self.of(arg.value) in (NONTENSOR, None) or self.built_on_host(arg.value, depth + 1)
+                           for arg in node.args if arg.keyword is None or arg.keyword.value != "out")
+            if last in _TENSOR_METHODS or last in _ELEMENTWISE:
+                return self._host_operands([arg.value for arg in node.args if not arg.star], depth)
+            return False
+        name = method_name(node)
+        if isinstance(node.func, cst.Attribute) and (name in _FILL_METHODS or name in _TENSOR_METHODS
+                                                     and not name.startswith("new_") and name != "copy_"):
+            return self._host_operands([node.func.value] + [arg.value for arg in node.args if not arg.star], depth)
+        return False
+
+    def _host_operands(self, operands: list[cst.BaseExpression], depth: int) -> bool:
+        """At least one operand built on the host, the others Python values (never a tensor of unknown place)."""
+        found = False
+        for operand in operands:
+            if self.built_on_host(operand, depth + 1):
+                found = True
+            elif self.of(operand) not in (NONTENSOR, None) or self.ev.is_tensor(operand) is True \
+                    or self.of(operand) is None and not _is_plain_value(operand) \
+                    and not isinstance(operand, (cst.Integer, cst.Float)):
+                return False
+        return found
 
     def may_be_on_device(self, node: cst.BaseExpression | None) -> bool:
         """A torch tensor, not known to be on the CPU."""
@@ -345,6 +424,9 @@ class Placement:
             if target in (DEVICE, HOST):
                 return target
             return TENSOR if inner in (DEVICE, HOST, TENSOR) else None
+        if name in _FILL_METHODS:
+            inner = self.of(receiver, depth + 1, before)
+            return inner if inner in (HOST, DEVICE, TENSOR) else None
         if name in _TENSOR_METHODS:
             inner = self.of(receiver, depth + 1, before)
             if inner == NONTENSOR:
@@ -426,6 +508,30 @@ class Placement:
         return False
 
 
+def _leaf_operands(node: cst.BaseExpression | None, out: list[cst.BaseExpression]) -> None:
+    """Operands of comparisons, arithmetic and boolean operators (the values they combine)."""
+    if node is None:
+        return
+    if isinstance(node, cst.Comparison):
+        _leaf_operands(node.left, out)
+        for comparison in node.comparisons:
+            _leaf_operands(comparison.comparator, out)
+    elif isinstance(node, (cst.BinaryOperation, cst.BooleanOperation)):
+        _leaf_operands(node.left, out)
+        _leaf_operands(node.right, out)
+    elif isinstance(node, cst.UnaryOperation):
+        _leaf_operands(node.expression, out)
+    else:
+        out.append(node)
+
+
+def _is_plain_value(node: cst.BaseExpression) -> bool:
+    """A hyperparameter-like value: `self.p`, `p`, `cfg.prob` (a name or attribute chain, not a call)."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
+
+
 _DEFAULT_DEVICE_CACHE: dict[int, tuple[object, bool]] = {}
 
 
@@ -491,10 +597,23 @@ def amortised(ctx: RuleContext) -> bool:
 
 _EXIT_CALLS = {"sys.exit", "os._exit", "os.abort"}
 _EXIT_BUILTINS = {"exit", "quit"}
+_ASSERT_CALLS = {"torch._assert"}
+
+
+def _always_false(test: cst.BaseExpression) -> bool:
+    """A literal false condition: `False`, `0`, `None`, `""`."""
+    if isinstance(test, cst.Name):
+        return test.value in ("False", "None")
+    if isinstance(test, cst.Integer):
+        return test.evaluated_value == 0
+    if isinstance(test, cst.SimpleString):
+        return test.evaluated_value == ""
+    return False
 
 
 def _terminates(ctx: RuleContext, block: cst.BaseSuite) -> bool:
-    """Does this block always end by raising or exiting the process (`raise ...`, `sys.exit(1)`, `os._exit`)?"""
+    """Does this block always end by raising or exiting the process (`raise ...`, `sys.exit(1)`, `os._exit`,
+    `assert False`, `torch._assert(False, msg)`)?"""
     body = list(block.body)
     if not body:
         return False
@@ -503,10 +622,15 @@ def _terminates(ctx: RuleContext, block: cst.BaseSuite) -> bool:
         small = last.body[-1] if last.body else None
         if isinstance(small, cst.Raise):
             return True
+        if isinstance(small, cst.Assert):  # `assert False, msg` / `assert 0`
+            return _always_false(small.test)
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             func = small.value.func
             if ctx.qualname(func) in _EXIT_CALLS:
                 return True
+            if ctx.qualname(func) in _ASSERT_CALLS:  # `torch._assert(False, msg)`
+                condition = call_arg(small.value, "condition", 0)
+                return condition is not None and _always_false(condition.value)
             return isinstance(func, cst.Name) and func.value in _EXIT_BUILTINS \
                 and not ctx.analysis.bindings_of(func.value, ctx.ancestors)
         return False
@@ -522,7 +646,8 @@ def _terminates(ctx: RuleContext, block: cst.BaseSuite) -> bool:
 
 def on_error_path(ctx: RuleContext) -> bool:
     """Is the current node part of a `raise` statement, or inside an `if`/`elif`/`else` branch that always ends in
-    `raise` / `sys.exit()` / `exit()` / `os._exit()` (the branch's body, not its test)? That code runs once, when
+    `raise` / `sys.exit()` / `exit()` / `os._exit()` / `assert False` / `torch._assert(False, ...)` (the branch's
+    body, not its test)? That code runs once, when
     the run fails, not every step."""
     ancestors = ctx.ancestors
     for index in range(len(ancestors) - 2, -1, -1):
@@ -688,10 +813,12 @@ class HostSyncInHotLoop(Rule):
     results of an earlier `.item()`) are not syncs and are ignored. Inside `if step % N == 0:` blocks and in
     evaluation loops outside the training step the finding is only informational. Code that runs only when
     the run fails is ignored: a `raise` statement, or an `if`/`else` branch that always ends in `raise`,
-    `sys.exit()`, `exit()` or `os._exit()` (the branch's test still runs every step and is checked). So is
-    reading back a tensor built from host data whose only other uses are `torch.distributed` collectives
-    (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`, `bool(t.item())`): agreeing across ranks needs
-    the value on the device for NCCL and back on the host for the decision.
+    `sys.exit()`, `exit()`, `os._exit()`, `assert False` or `torch._assert(False, ...)` (the branch's test
+    still runs every step and is checked). So is reading back a tensor built from host data whose only other
+    uses are `torch.distributed` collectives (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`,
+    `bool(t.item())`): agreeing across ranks needs the value on the device for NCCL and back on the host for
+    the decision. Tensors made on the CPU by a factory without `device=` (`torch.rand(1)`,
+    `torch.empty(1).uniform_(a, b)`) are not GPU values either.
 
     ## Why is this slow
     The host must wait for every queued kernel before it can read a GPU value, so each such call drains the
@@ -795,6 +922,31 @@ class HostSyncInHotLoop(Rule):
                 if bool(stop.item()):
                     break
             """
+        ),
+        Valid(  # random draws made on the CPU (no `device=`): reading them is no GPU sync
+            """
+            import torch
+            device = torch.device("cuda")
+            for x, y in loader:
+                scale = torch.empty(1).uniform_(0.8, 1.2).item()
+                if torch.rand(1).item() < 0.5:
+                    x = x.flip(-1)
+                loss = criterion(model(x.to(device) * scale), y.to(device))
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(  # the same draw made on the device is read back every step
+            """
+            import torch
+            device = torch.device("cuda")
+            for x, y in loader:
+                scale = torch.empty(1, device=device).uniform_(0.8, 1.2).item()
+                loss = criterion(model(x.to(device) * scale), y.to(device))
+                loss.backward()
+                optimizer.step()
+            """,
+            count=1,
         ),
         Invalid(  # the check itself reads the loss every step; the message in the exiting branch does not count
             """

@@ -78,6 +78,34 @@ class ModuleToDeviceInLoop(Rule):
                 model.to(torch.bfloat16)
             """
         ),
+        Valid(  # parameters and buffers are tensors: `.to` copies one tensor, it does not walk a module
+            """
+            import torch
+            import torch.nn as nn
+            class Block(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.table = nn.Parameter(torch.randn(1, dim))
+                    self.register_buffer("freq", torch.arange(dim).float())
+                    self.scale = nn.Buffer(torch.ones(dim))
+                def forward(self, x):
+                    table = self.table.to(x.device)
+                    freq = self.freq.to(device=x.device, dtype=x.dtype)
+                    return x * table + freq * self.scale.to(x.device)
+            """
+        ),
+        Invalid(  # a submodule moved on every forward call
+            """
+            import torch.nn as nn
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = nn.Linear(4, 2)
+                def forward(self, x):
+                    self.head.to(x.device)
+                    return self.head(x)
+            """
+        ),
         Invalid(
             """
             import torch.nn as nn

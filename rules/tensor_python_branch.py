@@ -5,6 +5,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, method_name
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
+from gpulint.rules.host_sync_in_hot_loop import Placement
 
 # Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
 _TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",
@@ -83,6 +84,31 @@ class TensorPythonBranch(Rule):
                     print("diverging")
             """
         ),
+        Valid(  # random draws from factories without `device=` live on the CPU: reading them is no GPU sync
+            """
+            import torch
+            class RandomFlip(torch.nn.Module):
+                def __init__(self, p=0.5):
+                    super().__init__()
+                    self.p = p
+                def forward(self, x):
+                    if torch.rand(1) < self.p:
+                        x = x.flip(-1)
+                    if torch.rand(()) <= 0.5 and torch.empty(1).uniform_(0.0, 1.0)[0] > self.p:
+                        x = -x
+                    return x
+            """
+        ),
+        Invalid(  # the same draw made on the device is read back every call
+            """
+            import torch
+            class RandomFlip(torch.nn.Module):
+                def forward(self, x):
+                    if torch.rand(1, device=x.device) < 0.5:
+                        x = x.flip(-1)
+                    return x
+            """
+        ),
         Invalid(
             """
             import torch
@@ -133,8 +159,9 @@ class TensorPythonBranch(Rule):
         operands = _operands(test)
         if value_position and not _negated_last(test):
             operands = operands[:-1]  # `x = a and b`: the last operand is returned, not converted to bool
+        placement = Placement(self.ctx)
         for operand in operands:
-            if self._tensor_valued(operand):
+            if self._tensor_valued(operand) and not placement.host_only(operand):
                 kind = self.ctx.hot_kind()
                 severity = Severity.WARNING if self.ctx.is_compiled() or kind is HotKind.COMPILED else Severity.INFO
                 self.report(operand, severity=severity)
