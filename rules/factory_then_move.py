@@ -10,13 +10,17 @@ from gpulint.builders import add_keyword
 from gpulint.rules.host_sync_in_hot_loop import DEVICE, TENSOR, Placement
 
 # Same values wherever they are computed (H200, torch 2.11: CPU-then-copy vs created on the GPU, torch.equal).
-_EXACT = {"zeros", "ones", "full", "empty", "eye", "zeros_like", "ones_like", "full_like", "empty_like"}
+_EXACT = {"zeros", "ones", "full", "empty", "eye"}
 # A dtype passed to `.to(D, dtype)` can move into these without changing any value (0 and 1 are exact in
 # every dtype; `empty` has no values). Not `full`: fp32 rounding then a cast can differ from direct rounding.
-_DTYPE_FOLDABLE = {"zeros", "ones", "empty", "eye", "zeros_like", "ones_like", "empty_like"}
+_DTYPE_FOLDABLE = {"zeros", "ones", "empty", "eye"}
 # Computed by a different kernel on the GPU: float arange / logspace differed in the last bits (H200).
 _KERNEL_DEPENDENT = {"arange", "linspace", "logspace"}
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like", "randint_like"}
+# Drawn from the default generator of the device they are created on (`rand*` / `randn*` generally).
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal"}
+# Not reported: the `*_like` factories (`zeros_like(x)`, `randn_like(x)`) create the tensor on `x`'s device,
+# which is usually the target already, and `bernoulli`, `multinomial`, `poisson` sample from an input tensor
+# on its device and take no `device=`.
 _INTEGER_DTYPES = {"long", "int64", "int", "int32", "int16", "short", "int8", "uint8", "bool"}
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
@@ -45,13 +49,18 @@ class FactoryThenMove(Rule):
     ```
 
     ## Fix safety
-    Safe for `zeros`, `ones`, `full`, `empty`, `eye`, the `*_like` variants and integer `arange`: the values
-    are identical wherever they are created (checked on CUDA). Unsafe for random factories (the CUDA
-    generator replaces the CPU generator, so seeded results change) and for float `arange`, `linspace` and
-    `logspace` (the GPU kernel computes the values differently; float `arange` and `logspace` differed in the
-    last bits on an H200). No fix when `.to()` also casts to a dtype that cannot be folded exactly, or for
+    Safe for `zeros`, `ones`, `full`, `empty`, `eye` and integer `arange`: the values are identical wherever
+    they are created (checked on CUDA). Unsafe for random factories (`rand`, `randn`, `randint`, `randperm`,
+    `normal`): the CUDA generator replaces the CPU generator, so seeded results change, and the CPU generator
+    is no longer advanced, so later CPU draws (DataLoader worker seeds, CPU augmentations) shift too. Unsafe
+    also for float `arange`, `linspace` and `logspace` (the GPU kernel computes the values differently; float
+    `arange` and `logspace` differed in the last bits on an H200). No fix when `.to()` also casts to a dtype that cannot be folded exactly, or for
     `requires_grad=True` factories (the result would become a leaf). Factories drawing from an explicit CPU
     `generator=` are left alone.
+
+    The `*_like` factories (`torch.zeros_like(x).to(device, dtype)`) are not reported: they are created on
+    `x`'s device, usually the target already, so nothing is built on the CPU. Neither are `bernoulli`,
+    `multinomial` and `poisson`: they sample on their input's device and take no `device=`.
     """
 
     code = "GPU015"
@@ -71,6 +80,14 @@ class FactoryThenMove(Rule):
             c = torch.randn(3, generator=g).cuda()  # CPU generator: keep it on the CPU
             """
         ),
+        Valid(  # `*_like` follows its input's device; `bernoulli` samples on its input's device
+            """
+            import torch
+            z = torch.zeros_like(x).to(device, dtype)
+            n = torch.randn_like(x).to(device)
+            m = torch.bernoulli(p).to(device)
+            """
+        ),
         Invalid(
             """
             import torch
@@ -85,33 +102,32 @@ class FactoryThenMove(Rule):
             eye = torch.eye(3, device=device, dtype=torch.float16)
             """,
         ),
-        Invalid(  # random: the fix changes the values (unsafe)
+        Invalid(  # random: the fix changes the values and the CPU generator's stream (unsafe)
             """
             import torch
             noise = torch.randn(b, nz, 1, 1).to(device)
+            idx = torch.randint(0, n, size=(k,)).to(device=device)
+            perm = torch.randperm(n).cuda()
             """,
             fixed="""
             import torch
             noise = torch.randn(b, nz, 1, 1, device=device)
+            idx = torch.randint(0, n, size=(k,), device=device)
+            perm = torch.randperm(n, device="cuda")
             """,
         ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),
-        setup="x = torch.randn(2, 3)",
         before=("a = torch.zeros(5, 3).to(device)\n"
                 "b = torch.full((4,), 0.1).to(device)\n"
                 "c = torch.eye(4, 3).to(device, dtype=torch.float16)\n"
-                "d = torch.arange(7).to(device)\n"
-                "e = torch.ones_like(x).to(device)\n"
-                "f = torch.full_like(x, 2.5).to(device)"),
+                "d = torch.arange(7).to(device)"),
         after=("a = torch.zeros(5, 3, device=device)\n"
                "b = torch.full((4,), 0.1, device=device)\n"
                "c = torch.eye(4, 3, device=device, dtype=torch.float16)\n"
-               "d = torch.arange(7, device=device)\n"
-               "e = torch.ones_like(x, device=device)\n"
-               "f = torch.full_like(x, 2.5, device=device)"),
-        compare=("a", "b", "c", "d", "e", "f"),
+               "d = torch.arange(7, device=device)"),
+        compare=("a", "b", "c", "d"),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -123,7 +139,7 @@ class FactoryThenMove(Rule):
             return
         qual = self.ctx.qualname(factory.func) or ""
         kind = qual[len("torch."):] if qual.startswith("torch.") and qual.count(".") == 1 else ""
-        if kind not in _EXACT | _KERNEL_DEPENDENT | _RANDOM:
+        if kind.endswith("_like") or kind not in _EXACT | _KERNEL_DEPENDENT | _RANDOM:
             return
         if any(arg.star for arg in (*node.args, *factory.args)):
             return
@@ -163,9 +179,10 @@ class FactoryThenMove(Rule):
         for keyword, value in keywords:
             replacement = add_keyword(replacement, keyword, value)
         safety = Safety.SAFE
-        if kind in _RANDOM:
+        if _is_random(kind):
             safety = Safety.UNSAFE
-            note = "random values change: the CUDA generator replaces the CPU one"
+            note = ("random values change: the CUDA generator replaces the CPU one, and the CPU generator no "
+                    "longer advances (later CPU draws, e.g. DataLoader worker seeds, shift)")
         elif kind in _KERNEL_DEPENDENT and not self._integer_range(factory, kind):
             safety = Safety.UNSAFE
             note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
@@ -221,6 +238,10 @@ class FactoryThenMove(Rule):
         if len(positional) == 1 and not isinstance(positional[0], cst.Float):
             return True
         return all(_is_integer_literal(value) for value in positional)
+
+
+def _is_random(kind: str) -> bool:
+    return kind in _RANDOM or kind.startswith("rand")
 
 
 def _is_integer_literal(node: cst.BaseExpression) -> bool:

@@ -62,9 +62,14 @@ class ManualAttention(Rule):
     where attention is allowed), an additive mask is passed unchanged, the scale is passed as `scale=`
     unless it is provably `1/sqrt(head_dim)`, a lower-triangular buffer mask becomes `is_causal=True`, and
     `dropout_p` is gated on `self.training` because SDPA applies dropout whenever `dropout_p > 0`.
-    No fix is offered (the finding stays) when the attention weights are used for anything else (returned,
-    stored, logged), when the scale may be a tensor (SDPA takes a Python float), when the softmax runs in
-    another dtype, or when the mask is applied before the scaling.
+    No fix is offered (the finding stays) when the attention weights are used for anything else inside the
+    function (logged, reduced to a statistic), when the scale may be a tensor (SDPA takes a Python float),
+    when the softmax runs in another dtype, or when the mask is applied before the scaling.
+
+    Not reported when the weights (or the scores) leave the function: returned or yielded (alone or in a
+    tuple, dict or output record), stored on an object attribute, appended to a list, or put in a container
+    that is returned or stored. SDPA cannot return the weights, so such code (an eager fallback that
+    returns attention maps, a layer that keeps them for visualisation) has nothing to switch to.
     """
 
     code = "GPU030"
@@ -128,13 +133,49 @@ class ManualAttention(Rule):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~pad, scale=0.125)
             """,
         ),
-        Invalid(  # the weights are returned: reported, not rewritten
+        Valid(  # the weights are returned: SDPA cannot give them
             """
             import torch
             def attention(q, k, v):
                 p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
                 return p @ v, p
             """
+        ),
+        Valid(  # the weights are stored on the module, collected in a list, or returned in a container
+            """
+            import torch
+            class Attention(torch.nn.Module):
+                def forward(self, q, k, v, maps, keep):
+                    p = (q @ k.transpose(-2, -1) * 0.125).softmax(dim=-1)
+                    self.last_weights = p.detach()
+                    return p @ v
+                def collect(self, q, k, v, maps):
+                    p = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+                    maps.append(p)
+                    return p @ v
+                def outputs(self, q, k, v, keep):
+                    p = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+                    out = p @ v
+                    result = (out, p) if keep else (out,)
+                    return result
+            """
+        ),
+        Invalid(  # the weights stay local (the name is rebound before the return): rewritten
+            """
+            import torch
+            def attention(q, k, v):
+                w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+                out = w @ v
+                w = out.norm(dim=-1)
+                return out, w
+            """,
+            fixed="""
+            import torch
+            def attention(q, k, v):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+                w = out.norm(dim=-1)
+                return out, w
+            """,
         ),
     ]
     micro_check = MicroCheck(
@@ -213,6 +254,8 @@ class ManualAttention(Rule):
                 trace.rank is None or trace.softmax_dim != trace.rank - 1):
             return  # softmax over a dim that is not the key dim: not attention
         final = block.body[final_index]
+        if self._weights_escape(trace, block, final_index):
+            return  # the caller gets the weights (returned, stored, collected): SDPA cannot give them
         tracer.check_uses(trace, final, anchor, probs, self.ctx.ancestors[:stmt_index_in_ancestors + 1])
         problems = list(trace.problems)
         call, imports, note = None, (), None
@@ -231,6 +274,35 @@ class ManualAttention(Rule):
         new_block = _rebuild_block(block, set(trace.consumed), final_index, anchor, call)
         new_owner = owner.deep_replace(block, new_block)
         self.report(anchor, replacements=[(owner, new_owner)], imports=imports, note=note)
+
+    def _weights_escape(self, trace: "_Trace", block: cst.CSTNode, final_index: int) -> bool:
+        """Do the attention weights (the chain's temporaries) leave the function or get stored?"""
+        stmts: Sequence[cst.CSTNode] = block.body  # type: ignore[attr-defined]
+        final = stmts[final_index]
+        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
+        params: set[str] = set()
+        if function is not None:
+            p = function.params
+            params = {param.name.value for param in (*p.posonly_params, *p.params, *p.kwonly_params)}
+        scope = function if function is not None else self.ctx.module
+        names = set(trace.names)
+        # a name that the attention statement rebinds (`attn = attn @ v`), or a later statement of the block
+        # rebinds from scratch, no longer holds the weights after that
+        after = names - _assigned_names(final)
+        killed: dict[str, int] = {}
+        for j in range(final_index + 1, len(stmts)):
+            for name in (_assigned_names(stmts[j]) & after) - killed.keys():
+                if name not in _names_read(stmts[j]):
+                    killed[name] = j
+        if _weights_escape([scope], after - killed.keys(), params):
+            return True
+        for name, j in killed.items():
+            if _weights_escape(stmts[final_index + 1:j], {name}, params):
+                return True
+        # between the chain's statements every chain name holds the scores or the weights
+        consumed = set(trace.consumed)
+        between = [stmts[j] for j in range(min(consumed, default=final_index), final_index) if j not in consumed]
+        return _weights_escape(between, names, params)
 
     def _next_to_fused_attention(self) -> bool:
         for node in reversed(self.ctx.ancestors):
@@ -1281,3 +1353,108 @@ def _is_head_dim(ctx, node: cst.BaseExpression, t: _Trace, depth: int = 0) -> bo
         return False
     code = ctx.code(receiver)
     return code in (ctx.code(t.q), ctx.code(t.k))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# do the attention weights leave the function? (SDPA cannot return them: no rewrite is possible there)
+
+# methods that store their argument in the receiver (a list, a dict, a queue, ...)
+_STORING_METHODS = {"append", "extend", "insert", "add", "appendleft", "extendleft", "update", "setdefault",
+                    "put", "put_nowait", "__setitem__"}
+# methods that give a view, copy or reduction of their receiver: the result still holds the weights
+_CARRYING_METHODS = {"detach", "cpu", "clone", "float", "half", "double", "to", "numpy", "tolist", "mean",
+                     "sum", "max", "view", "reshape", "permute", "transpose", "squeeze", "unsqueeze",
+                     "contiguous", "flatten", "unbind", "chunk", "split", "cuda"}
+_CONTAINER_CALLS = {"dict", "tuple", "list", "set"}
+
+
+def _carries(node: cst.BaseExpression, carriers: set[str]) -> bool:
+    """Does the value of `node` hold (a view, copy or container of) one of `carriers`?"""
+    if isinstance(node, cst.Name):
+        return node.value in carriers
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        return any(_carries(e.value, carriers) for e in node.elements)
+    if isinstance(node, cst.Dict):
+        return any(isinstance(e, cst.StarredDictElement) and _carries(e.value, carriers)
+                   or isinstance(e, cst.DictElement) and _carries(e.value, carriers) for e in node.elements)
+    if isinstance(node, cst.IfExp):
+        return _carries(node.body, carriers) or _carries(node.orelse, carriers)
+    if isinstance(node, cst.Subscript):
+        return _carries(node.value, carriers)
+    if isinstance(node, (cst.StarredElement,)):
+        return _carries(node.value, carriers)
+    if isinstance(node, cst.Call):
+        name = method_name(node)
+        if isinstance(node.func, cst.Attribute) and name in _CARRYING_METHODS:
+            return _carries(node.func.value, carriers)
+        func = dotted_name(node.func) or ""
+        last = func.rsplit(".", 1)[-1]
+        # a container, or a record built with the weights (`Output(hidden, attentions=w)`)
+        if last in _CONTAINER_CALLS or last[:1].isupper():
+            return any(_carries(a.value, carriers) for a in node.args)
+        return any(a.keyword is not None and _carries(a.value, carriers) for a in node.args)
+    return False
+
+
+def _scope_nodes(roots: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    """The nodes under `roots`, not those of functions and classes nested in them."""
+    stack: list[cst.CSTNode] = [root.body if isinstance(root, cst.FunctionDef) else root for root in roots]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        yield current
+        stack.extend(current.children)
+
+
+def _weights_escape(roots: Sequence[cst.CSTNode], weights: set[str], params: set[str]) -> bool:
+    """Are the names in `weights` (or a container, view or alias of them) returned, yielded, stored on an
+    object, in a container that escapes, or appended to a list anywhere under `roots`? `params` (the
+    function's parameters) are containers owned by the caller."""
+    if not weights:
+        return False
+    carriers = set(weights)
+    nodes = list(_scope_nodes(roots))
+    for _ in range(8):  # aliases and containers of the weights, to a fixed point
+        before = len(carriers)
+        for node in nodes:
+            if isinstance(node, (cst.Return, cst.Yield)) and node.value is not None:
+                value = node.value.item if isinstance(node.value, cst.From) else node.value
+                if _carries(value, carriers):
+                    return True
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and method_name(node) in _STORING_METHODS and any(_carries(a.value, carriers) for a in node.args):
+                return True
+            if isinstance(node, cst.Call) and dotted_name(node.func) == "setattr" and len(node.args) == 3 \
+                    and _carries(node.args[2].value, carriers):
+                return True
+            targets: list[cst.BaseExpression] = []
+            if isinstance(node, cst.Assign):
+                if _carries(node.value, carriers):
+                    targets = [t.target for t in node.targets]
+            elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+                if _carries(node.value, carriers):
+                    targets = [node.target]
+            for target in _flat_targets(targets):
+                if isinstance(target, cst.Name):
+                    carriers.add(target.value)
+                    continue
+                if isinstance(target, cst.Subscript):  # `d[key] = w`: d holds the weights
+                    base = target.value
+                    if isinstance(base, cst.Name) and base.value not in params:
+                        carriers.add(base.value)
+                        continue
+                return True  # `self.attn = w`, `obj.maps[i] = w`, `param[k] = w`
+        if len(carriers) == before:
+            return False
+    return False
+
+
+def _flat_targets(targets: list[cst.BaseExpression]) -> Iterator[cst.BaseExpression]:
+    for target in targets:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            yield from _flat_targets([e.value for e in target.elements])
+        elif isinstance(target, cst.StarredElement):
+            yield from _flat_targets([target.value])
+        else:
+            yield target
