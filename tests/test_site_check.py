@@ -6,11 +6,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")  # the test extra installs torch; CI always has it
-
-from gpulint import cli  # noqa: E402
-from gpulint.site_check import check_site  # noqa: E402
-from gpulint.verify import check_sites  # noqa: E402
+from gpulint import cli
+from gpulint.site_check import check_site
+from gpulint.verify import check_sites
 
 MODULE = "import math\nimport torch\nimport torch.nn.functional as F\n"
 

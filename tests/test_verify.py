@@ -2,11 +2,9 @@
 
 import pytest
 
-torch = pytest.importorskip("torch")  # noqa: F841 - tests extra installs torch; CI always has it
-
-from gpulint import Invalid, MicroCheck, Rule, Safety, Valid  # noqa: E402
-from gpulint.registry import all_rules  # noqa: E402
-from gpulint.verify import failed_checks, fixing_rules, run_check  # noqa: E402
+from gpulint import Invalid, MicroCheck, Rule, Safety, Valid
+from gpulint.registry import all_rules
+from gpulint.verify import failed_checks, fixing_rules, run_check
 
 DOC = """
     ## What it does
