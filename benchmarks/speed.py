@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,14 +37,19 @@ for path in pathlib.Path(sys.argv[1]).rglob("*.py"):
 def timed(command: list[str], cwd: Path, env: dict[str, str], timeout: float | None = None) -> float:
     """Seconds the command took; math.inf when it ran past `timeout` (it is stopped)."""
     start = time.perf_counter()
+    # Own process group: a tool's worker processes (Fixit spawns some) are stopped with it on timeout and cannot
+    # keep the stderr pipe open.
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
     try:
-        completed = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   timeout=timeout)
+        _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return math.inf
     elapsed = time.perf_counter() - start
-    if completed.returncode not in (0, 1):
-        raise RuntimeError(f"{command[0]} failed ({completed.returncode}): {completed.stderr.decode()[-500:]}")
+    if process.returncode not in (0, 1):
+        raise RuntimeError(f"{command[0]} failed ({process.returncode}): {stderr.decode()[-500:]}")
     return elapsed
 
 
@@ -93,9 +99,15 @@ def main() -> int:
     print(f"{files} files, {os.cpu_count()} cores, median of {args.repeat} runs\n")
     print("| tool | median wall time (s) | vs TorchFix | vs ruff |")
     print("| --- | --- | --- | --- |")
+    def ratio(value: float, reference: float | None, digits: int) -> str:
+        if not reference or value == math.inf:
+            return "-"
+        if reference == math.inf:  # the reference was stopped: the ratio is at most value / timeout
+            return f"< {value / args.timeout:.{digits}f}x"
+        return f"{value / reference:.{digits}f}x"
+
     for name, value in medians.items():
-        versus_torchfix = f"{value / base:.3f}x" if base else "-"
-        versus_ruff = f"{value / ruff:.2f}x" if ruff else "-"
+        versus_torchfix, versus_ruff = ratio(value, base, 3), ratio(value, ruff, 2)
         shown = f"> {args.timeout:.0f} (stopped)" if value == math.inf else f"{value:.2f}"
         print(f"| {name} | {shown} | {versus_torchfix} | {versus_ruff} |")
     return 0
