@@ -36,8 +36,6 @@ def _rules_from_checkout() -> None:
         gpulint.rules = module
 
 
-import importlib  # noqa: E402
-
 _rules_from_checkout()
 
 import torch  # noqa: E402

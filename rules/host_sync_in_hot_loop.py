@@ -6,7 +6,7 @@ from typing import Iterable
 import libcst as cst
 
 from gpulint import Device, Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, string_value, walk
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
 from gpulint.rule import RuleContext
 
 # ---------------------------------------------------------------------------------------------
