@@ -235,6 +235,7 @@ TENSOR_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace
                     "randint", "randperm", "normal", "bernoulli", "rand_like", "randn_like", "randint_like", "stack",
                     "cat", "where", "tril", "triu"}
 _STEP_MARKER_FUNCTIONS = {"torch.autograd.backward"}
+_CUDA_AMP_PREFIX = "torch.cuda.amp."
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}
@@ -558,11 +559,19 @@ class _PrePass(cst.CSTVisitor):
         if any(isinstance(part, cst.FormattedStringText) and part.value.startswith("cuda") for part in node.parts[:1]):
             self.a.cuda_evidence = True
 
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        qual = self.a.qualname(node.decorator)  # `@torch.cuda.amp.custom_fwd` used bare
+        if qual is not None and qual.startswith(_CUDA_AMP_PREFIX):
+            self.a.cuda_evidence = True
+
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
         if name == "cuda":
             self.a.cuda_evidence = True
         qual = self.a.call_qualname(node)
+        if qual is not None and qual.startswith(_CUDA_AMP_PREFIX):
+            # the deprecated CUDA AMP API targets CUDA as plainly as its `torch.amp.*("cuda")` replacement
+            self.a.cuda_evidence = True
         if qual in ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.current_device",
                     "torch.cuda.set_device"):
             self.a.maybe_cuda_evidence = True

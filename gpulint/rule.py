@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -78,6 +79,14 @@ class Report:
 
 _DOC_HEADINGS = ("## What it does", "## Why is this slow", "## Example", "## Use instead", "## Fix safety")
 _CODE = re.compile(r"^GPU\d{3}$")
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$")
+_TEST_FUNCTION = re.compile(r"^_?test_|^test$")
+_TEST_FRAMEWORKS = ("pytest", "unittest")
+
+
+def is_test_path(path: str) -> bool:
+    """A file under tests/ or named like a test (`test_x.py`, `x_test.py`, `conftest.py`)."""
+    return bool(_TEST_PATH.search(posixpath.normpath(path.replace("\\", "/"))))
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
@@ -233,6 +242,15 @@ class RuleContext:
             if isinstance(node, types):
                 return node
         return None
+
+    def in_test_code(self) -> bool:
+        """Inside a test: a function named `test_*`, or a test-named file that imports pytest or unittest.
+        A `*_test.py` training script that imports neither is not test code."""
+        fn = self.enclosing(cst.FunctionDef)
+        if isinstance(fn, cst.FunctionDef) and _TEST_FUNCTION.match(fn.name.value):
+            return True
+        return is_test_path(self.path) and any(
+            target.split(".")[0] in _TEST_FRAMEWORKS for target in self.analysis.aliases.values())
 
     def inside_with(self, *qualnames: str) -> bool:
         """Is the current node in the body of `with <one of qualnames>(...)` within the same function?"""

@@ -9,6 +9,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, has_star_args, walk
 from gpulint.builders import add_keyword, replace_keyword_value
+from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
 # DataLoader helpers shared by GPU050-GPU053 (imported by their rule files).
@@ -20,7 +21,6 @@ _POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "
                "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator")
 _ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "islice", "trange", "cycle", "prefetch", "track", "progress_bar",
                   "Prefetcher", "DataPrefetcher", "CudaPrefetcher", "prepare", "prepare_data_loader"}
-_TEST_PATH = re.compile(r"(^|[\\/])(tests?|testing)([\\/])|(^|[\\/])test_[^\\/]*\.py$|_test\.py$|(^|[\\/])conftest\.py$")
 
 
 def is_dataloader_call(analysis: FileAnalysis, call: cst.Call) -> bool:
@@ -47,10 +47,6 @@ def int_literal(node: cst.BaseExpression | None) -> int | None:
         except ValueError:
             return None
     return None
-
-
-def is_test_path(path: str) -> bool:
-    return bool(_TEST_PATH.search(path))
 
 
 def checkable_loader_call(ctx, call: cst.Call) -> bool:

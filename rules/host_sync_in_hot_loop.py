@@ -51,6 +51,8 @@ _ELEMENTWISE = {"exp", "log", "log1p", "sqrt", "rsqrt", "abs", "neg", "sign", "r
 _NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "argmin", "clip", "reshape",
                  "flatten", "squeeze", "transpose", "repeat", "round", "any", "all", "cumsum", "cumprod", "diagonal",
                  "trace", "dot", "sort", "view", "copy", "fill", "nonzero", "astype", "T", "mean"}
+# Of those, the ones `nn.Module` shares (`model.half()`, `net.requires_grad_(False)`): not evidence either.
+_MODULE_SHARED = {"float", "double", "half", "bfloat16", "requires_grad_"}
 _TORCH_NON_TENSOR_FUNCS = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled",
                            "get_default_dtype", "device", "Size", "finfo", "iinfo", "manual_seed", "save", "load",
                            "compile", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
@@ -433,7 +435,7 @@ class Placement:
                 return NONTENSOR if name in _NUMPY_SHARED else None
             kinds = [inner] + [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
             kind = combine_operands(k for k in kinds if k != NONTENSOR)
-            if kind is None and (inner is None and name in _NUMPY_SHARED):
+            if kind is None and inner is None and (name in _NUMPY_SHARED or name in _MODULE_SHARED):
                 return None
             return kind or TENSOR
         return None
@@ -923,6 +925,31 @@ class HostSyncInHotLoop(Rule):
                     break
             """
         ),
+        Valid(  # already amortised, as the message advises; a snapshot moves a module, not a value
+            """
+            import copy
+            import torch
+            for step, (x, y) in enumerate(loader):
+                loss = model(x.cuda()).mean()
+                loss.backward()
+                optimizer.step()
+                if step % 100 == 0:
+                    print(f"step {step} loss {loss.item():.4f}")
+                snapshot = copy.deepcopy(ema).eval().requires_grad_(False)
+                snapshots.append(snapshot.cpu())
+            """
+        ),
+        Valid(  # a test's assertion is its purpose
+            """
+            import torch
+            def test_loss_goes_down():
+                for x in loader:
+                    loss = model(x.cuda()).mean()
+                    loss.backward()
+                    optimizer.step()
+                    assert loss.item() < 10
+            """
+        ),
         Valid(  # random draws made on the CPU (no `device=`): reading them is no GPU sync
             """
             import torch
@@ -1000,16 +1027,18 @@ class HostSyncInHotLoop(Rule):
         kind = self.ctx.hot_kind()
         if (kind is not None or self._innermost_loop() is not None) and on_error_path(self.ctx):
             return None  # reporting a failure: runs once, when the run stops
+        if amortised(self.ctx) or self.ctx.in_test_code():
+            return None  # already read every N steps, as the message advises; a test's assertion is its purpose
         loop = self._innermost_loop()
         if kind is not None:
-            if amortised(self.ctx) or self._in_no_grad_function():
+            if self._in_no_grad_function():
                 return Severity.INFO
             if loop is not None and id(loop) not in self.ctx.analysis.hot and (
                     isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter)
                     or self.ctx.inside_with("torch.no_grad", "torch.inference_mode")):
                 return Severity.INFO  # an evaluation loop nested in the training loop
             return Severity.WARNING
-        if isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter) and not amortised(self.ctx):
+        if isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter):
             return Severity.INFO  # per-batch sync in an evaluation loop
         return None
 
@@ -1061,7 +1090,7 @@ class HostSyncInHotLoop(Rule):
                               "small policies consider acting on the CPU, or a GPU-vectorised environment",
                         severity=Severity.INFO)
             return
-        suffix = " (inside an amortised or evaluation block: informational)" if severity is Severity.INFO else ""
+        suffix = " (inside an evaluation block: informational)" if severity is Severity.INFO else ""
         self.report(node, f"{what}: reads a GPU value on the host and waits for all queued GPU work; accumulate "
                           f"on the device and read it every N steps{suffix}", severity=severity)
 

@@ -6,7 +6,8 @@ import libcst as cst
 
 from gpulint import Confidence, HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, dotted_name, method_name, walk
-from gpulint.rules.tf32_not_enabled import (FP64, LOW_PRECISION, _CUDA_TEXT, is_test_path, related_texts,
+from gpulint.rule import is_test_path
+from gpulint.rules.tf32_not_enabled import (FP64, LOW_PRECISION, _CUDA_TEXT, related_texts,
                                             search_texts)
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)

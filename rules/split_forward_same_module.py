@@ -11,7 +11,7 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import (BindingKind, FileAnalysis, HotKind, PerFileFacts, call_arg, dotted_name, has_star_args,
                               iter_calls, method_name, walk)
-from gpulint.rules.dataloader_sync_loading import is_test_path
+from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
 # Shared with GPU004 (gather_compute_scatter imports these): what a module does to the batch dimension.
@@ -1345,15 +1345,16 @@ class SplitForwardSameModule(Rule):
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         if not any(isinstance(a, cst.FunctionDef) for a in self.ctx.ancestors) and not self.ctx.in_loop():
             return
-        if not self._in_scope() or self._not_worth_merging_here():
+        if not self._in_scope():
             return
-        for group in self._groups(node):
-            self._report_group(node, group)
+        groups = self._groups(node)
+        if groups and not self._not_worth_merging_here():  # the compile check walks the file: only when needed
+            for group in groups:
+                self._report_group(node, group)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         """`a_out, b_out = net(a), net(b)` in one statement."""
-        if len(node.targets) != 1 or not isinstance(node.value, cst.Tuple) or not self._in_scope() \
-                or self._not_worth_merging_here():
+        if len(node.targets) != 1 or not isinstance(node.value, cst.Tuple) or not self._in_scope():
             return
         target = node.targets[0].target
         elements = node.value.elements
@@ -1366,7 +1367,7 @@ class SplitForwardSameModule(Rule):
         if not all(isinstance(c, cst.Call) and code_of(c.func) == callee and not has_star_args(c) for c in calls):
             return
         kind = self._callee_kind(first)
-        if kind is None:
+        if kind is None or self._not_worth_merging_here():
             return
         differing = self._differing(calls)  # type: ignore[arg-type]
         if differing is None or not self._feeds_network(first, kind, differing):

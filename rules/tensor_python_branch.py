@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, method_name
+from gpulint.analysis import BindingKind, method_name, walk
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
 from gpulint.rules.host_sync_in_hot_loop import Placement
 
@@ -99,6 +99,36 @@ class TensorPythonBranch(Rule):
                     return x
             """
         ),
+        Valid(  # early-exit inference: reading the test decides whether the next layer runs at all
+            """
+            import torch
+            class PatienceNet(torch.nn.Module):
+                def forward(self, x):
+                    previous, patience = None, 0
+                    for i, layer in enumerate(self.layers):
+                        x = layer(x)
+                        logits = self.heads[i](x)
+                        if previous is not None and torch.all(logits.argmax(1).eq(previous.argmax(1))):
+                            patience += 1
+                        previous = logits
+                        if patience == 3:
+                            break
+                    return previous
+            """
+        ),
+        Valid(  # a test's assertion is its purpose
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    return x * 2
+            def test_forward_is_finite():
+                for x in loader:
+                    y = Net()(x)
+                    y.sum().backward()
+                    assert not torch.isnan(y).any()
+            """
+        ),
         Invalid(  # the same draw made on the device is read back every call
             """
             import torch
@@ -154,7 +184,7 @@ class TensorPythonBranch(Rule):
         self._test(node, value_position=True)
 
     def _test(self, test: cst.BaseExpression, value_position: bool = False) -> None:
-        if not self.ctx.in_hot_region():
+        if not self.ctx.in_hot_region() or self.ctx.in_test_code() or self._in_early_exit_loop():
             return
         operands = _operands(test)
         if value_position and not _negated_last(test):
@@ -165,6 +195,19 @@ class TensorPythonBranch(Rule):
                 kind = self.ctx.hot_kind()
                 severity = Severity.WARNING if self.ctx.is_compiled() or kind is HotKind.COMPILED else Severity.INFO
                 self.report(operand, severity=severity)
+
+    def _in_early_exit_loop(self) -> bool:
+        """Inside a loop that runs layers and may stop early (`break`/`return`), as early-exit inference does
+        (PABEE: stop once successive layers agree): the host must read the tensor to decide whether to run the
+        next layer, and a branch-free rewrite would run every layer, losing the point."""
+        for node in reversed(self.ctx.ancestors[:-1]):
+            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            if isinstance(node, (cst.For, cst.While)):
+                inside = list(walk(node.body))
+                return any(isinstance(n, (cst.Break, cst.Return)) for n in inside) and any(
+                    isinstance(n, cst.Call) and _calls_a_layer(n) for n in inside)
+        return False
 
     def _tensor_valued(self, node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Call):
@@ -203,6 +246,16 @@ class TensorPythonBranch(Rule):
             return False
         value = bindings[0].value
         return not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and self._tensor_valued(value)
+
+
+def _calls_a_layer(call: cst.Call) -> bool:
+    """`self.encoder(h)`, `self.layers[i](h)`, `heads[i](h)`: a submodule call (a method of self counts too)."""
+    func = call.func
+    if isinstance(func, cst.Subscript):
+        return True
+    while isinstance(func, (cst.Attribute, cst.Subscript)):
+        func = func.value
+    return isinstance(func, cst.Name) and func.value == "self"
 
 
 def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -10,6 +10,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
+from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -22,7 +23,6 @@ from gpulint.analysis import dotted_name, walk
 # example scripts). `reach(path)` is narrower: the file plus what it imports, transitively.
 
 _MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
-_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$")
 # CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
 _CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|f["']cuda|torch\.cuda\.is_available\(|\.to\(\s*0\s*\)|"""
                         r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
@@ -338,10 +338,6 @@ def search_texts(texts: dict[str, str], pattern: re.Pattern[str]) -> list[tuple[
         for match in pattern.finditer(text):
             found.append((path, text.count("\n", 0, match.start()) + 1))
     return found
-
-
-def is_test_path(path: str) -> bool:
-    return bool(_TEST_PATH.search(_norm(path)))
 
 
 def training_entry_anchor(ctx, *, any_main_guard: bool = False) -> cst.CSTNode | None:

@@ -30,6 +30,20 @@ def test_qualified_names_follow_aliases(code, expr, expected):
     assert analysis.qualname(cst.parse_expression(expr)) == expected
 
 
+@pytest.mark.parametrize(("deprecated", "replacement"), [
+    ("scaler = torch.cuda.amp.GradScaler()\n", 'scaler = torch.amp.GradScaler("cuda")\n'),
+    ("from torch.cuda.amp import autocast\nwith autocast():\n    pass\n",
+     'with torch.amp.autocast("cuda"):\n    pass\n'),
+    ("@torch.cuda.amp.custom_fwd\ndef f(ctx, x):\n    pass\n",
+     '@torch.amp.custom_fwd(device_type="cuda")\ndef f(ctx, x):\n    pass\n'),
+])
+def test_deprecated_amp_api_is_as_much_cuda_evidence_as_its_replacement(deprecated, replacement):
+    """GPU022's rewrite must not turn a file into a CUDA program: the CUDA-only rules would fire only after `fix`."""
+    _, before = _analysis("import torch\n" + deprecated)
+    _, after = _analysis("import torch\n" + replacement)
+    assert before.cuda_evidence and after.cuda_evidence
+
+
 def _hot_kinds(code: str) -> dict[str, HotKind]:
     module, analysis = _analysis(code)
     names = {}

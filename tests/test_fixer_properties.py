@@ -10,7 +10,7 @@ Whatever mix of findings, nesting, comments and line endings a file has, `fix`:
 import textwrap
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpulint.diagnostics import Edit, Position, Safety
@@ -76,11 +76,16 @@ def training_scripts(draw) -> str:
     return text
 
 
-PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized so that CI is reproducible; cases that random sweeps found are pinned below with @example.
+PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
+                             suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY_SETTINGS
 @given(training_scripts())
+# GPU022's `torch.amp.GradScaler("cuda")` once made the fixed file a CUDA program, so `check` then found GPU032
+@example("import torch\noptimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+         "scaler = torch.cuda.amp.GradScaler()\nfor x, y in loader:\n    x = x.to(device)\n")
 def test_fixed_code_compiles_and_converges(text):
     outcome = fix_text(text, "train.py", RULES, min_safety=Safety.UNSAFE)
     if outcome.error is not None:  # refused: the file is left exactly as it was, and the rule is named
