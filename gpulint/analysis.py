@@ -50,6 +50,19 @@ def string_value(node: cst.BaseExpression | None) -> str | None:
     return None
 
 
+def is_numeric_literal(node: cst.BaseExpression) -> bool:
+    """Numbers, `True`/`False`, and (nested, possibly empty) lists/tuples of them: data written in the source."""
+    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False")
+    if isinstance(node, (cst.List, cst.Tuple)):
+        return all(not isinstance(e, cst.StarredElement) and is_numeric_literal(e.value) for e in node.elements)
+    return False
+
+
 def call_arg(call: cst.Call, keyword: str, position: int | None = None) -> cst.Arg | None:
     """The argument bound to `keyword`, or the positional one at `position`."""
     for arg in call.args:
@@ -923,7 +936,8 @@ class Evidence:
             if qual == "torch.from_numpy":
                 return True
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
-                return True
+                data = call_arg(node, "data", 0)
+                return data is not None and self._host_data(data.value, depth + 1)
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):
@@ -947,6 +961,23 @@ class Evidence:
                     if self.is_cpu_source(value, depth + 1):
                         return True
         return False
+
+    def _host_data(self, node: cst.BaseExpression, depth: int) -> bool:
+        """Data a tensor is built from that is known to live on the host: Python lists, NumPy arrays, batch
+        values. Literal constants are not batches, and an unknown name may already be a (CUDA) tensor."""
+        if depth > 5 or is_numeric_literal(node):
+            return False
+        if isinstance(node, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)):
+            return True
+        if isinstance(node, cst.Call) and ((self.a.call_qualname(node) or "").startswith("numpy.")
+                                           or method_name(node) in ("numpy", "tolist", "astype")):
+            return True
+        if isinstance(node, cst.Name):
+            for binding in self.a.reaching_bindings(node.value, self.ancestors):
+                if binding.kind is BindingKind.ASSIGN and binding.value is not None \
+                        and self._host_data(binding.value, depth + 1):
+                    return True
+        return self.is_cpu_source(node, depth)
 
     def _for_target_is_batch(self, binding: Binding) -> bool:
         iterable = binding.value

@@ -8,7 +8,7 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import (BindingKind, Device, Evidence, call_arg, dotted_name, method_name, string_value,
                               walk)
 from gpulint.builders import add_keyword
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, checkable_loader_call, loader_arg
+from gpulint.rules.dataloader_sync_loading import LoaderFlow, checkable_loader_call, loader_arg, tuple_element
 from gpulint.rules.host_sync_in_hot_loop import DEVICE, Placement
 
 _DEVICE_VAR = re.compile(r"(^|[._])(device|dev|cuda|gpu)$", re.I)
@@ -339,9 +339,13 @@ class DataloaderNoPinMemory(Rule):
         if isinstance(node, cst.Name):
             bindings = [b for b in self.ctx.analysis.bindings_of(node.value, self.ctx.ancestors)
                         if b.kind in (BindingKind.ASSIGN, BindingKind.UNPACK, BindingKind.FOR, BindingKind.PARAM)]
-            if bindings:  # a variable: look at what was assigned to it
+            if bindings:  # a variable: look at what was assigned to it, or the element it was unpacked from
+                flow = LoaderFlow.of(self.ctx.analysis)
                 return any(b.kind is BindingKind.ASSIGN and b.value is not None
-                           and self._yields_cuda(b.value, depth + 1) for b in bindings)
+                           and self._yields_cuda(b.value, depth + 1) for b in bindings) or any(
+                    b.kind is BindingKind.UNPACK and b.value is not None and len(b.path) == 1
+                    and self._yields_cuda(tuple_element(self.ctx, b.value, b.path[0], flow) or cst.Tuple([]),
+                                          depth + 1) for b in bindings)
             return self._function_moves_to_device(node.value) or self._class_moves_to_device(node)
         if isinstance(node, cst.Attribute) and dotted_name(node) and dotted_name(node).startswith("self."):
             info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)

@@ -7,7 +7,8 @@ from typing import Iterator
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, has_star_args, walk
+from gpulint.analysis import (FileAnalysis, PerFileFacts, call_arg, child_nodes, dotted_name, has_star_args,
+                              string_value, walk)
 from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.rule import is_test_path
 
@@ -389,6 +390,7 @@ class DatasetFacts:
     cheap: bool = False  # an in-memory dataset whose __getitem__ only indexes (IPC would cost more)
     unpicklable: str | None = None  # why workers may fail to pickle it under spawn/forkserver
     fork_unsafe: str | None = None  # an open handle created in __init__
+    constructed: bool = False  # built here from a dataset class (`CocoDataset(...)`), even one not visible
 
 
 _MAP_STYLE_PREFIXES = ("torchvision.datasets.", "torchaudio.datasets.", "torchtext.datasets.")
@@ -459,7 +461,7 @@ def _resolve(ctx, node: cst.BaseExpression, flow: LoaderFlow, depth: int = 0) ->
         if kind == "assign" and binding.value is not None:
             node = binding.value
         elif kind == "unpack" and binding.value is not None and len(binding.path) == 1:
-            found = _tuple_element(ctx, binding.value, binding.path[0], flow)
+            found = tuple_element(ctx, binding.value, binding.path[0], flow)
             if found is None:
                 return node
             node = found
@@ -474,7 +476,7 @@ def _resolve(ctx, node: cst.BaseExpression, flow: LoaderFlow, depth: int = 0) ->
     return node
 
 
-def _tuple_element(ctx, value: cst.BaseExpression, index: int, flow: LoaderFlow) -> cst.BaseExpression | None:
+def tuple_element(ctx, value: cst.BaseExpression, index: int, flow: LoaderFlow) -> cst.BaseExpression | None:
     if isinstance(value, cst.Tuple):
         return value.elements[index].value if index < len(value.elements) else None
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
@@ -570,9 +572,17 @@ def expression_facts(ctx, node: cst.BaseExpression, flow: LoaderFlow, depth: int
         streaming = next((a for a in expr.args if a.keyword and a.keyword.value == "streaming"), None)
         facts.kind = "iterable" if streaming is not None and dotted_name(streaming.value) != "False" else "map"
     elif last[:1].isupper():
+        facts.constructed = True
         source = _class_source(ctx, last)
         if source is not None:
             _facts_from_class(*source, facts)
+    elif isinstance(expr.func, cst.Name):  # a same-file helper: what its `return` statements build
+        for fn in ctx.analysis.functions.get(expr.func.value, []):
+            for inner in walk(fn.body):
+                if isinstance(inner, cst.Return) and inner.value is not None:
+                    returned = expression_facts(ctx, inner.value, flow, depth + 1)
+                    if returned.kind != "unknown":
+                        return returned
     return facts
 
 
@@ -604,9 +614,9 @@ def _cuda_expr(ctx, node: cst.BaseExpression, flow: LoaderFlow) -> bool:
             if name == "to" and inner.args and evidence.device_of(inner.args[0].value) in (Device.CUDA,
                                                                                              Device.MAYBE_CUDA):
                 return True
-            for arg in inner.args:
+            for arg in inner.args:  # an explicit `device=` that is not provably the CPU: maybe the GPU
                 if arg.keyword is not None and arg.keyword.value == "device" and \
-                        evidence.device_of(arg.value) in (Device.CUDA, Device.MAYBE_CUDA):
+                        evidence.device_of(arg.value) is not Device.CPU:
                     return True
     return False
 
@@ -685,6 +695,29 @@ class DataloaderSyncLoading(Rule):
                 loss = model(x.to(device)).sum()
                 loss.backward()
                 optimizer.step()
+            """
+        ),
+        Valid(  # a TensorDataset from a same-file helper; a parameter of unknown type; a collate on the GPU
+            """
+            import functools
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            def load_features(path):
+                ids = torch.load(path)
+                return TensorDataset(ids, ids)
+            def train(model, optimizer, dataset, path):
+                cached = DataLoader(load_features(path), batch_size=32)
+                given = DataLoader(dataset, batch_size=32)
+                on_gpu = DataLoader(dataset, batch_size=32, collate_fn=functools.partial(pad, device="cuda:0"))
+                for x, y in cached:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+                for x, y in given:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+                for x, y in on_gpu:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
             """
         ),
         Valid(  # a GPU-resident TensorDataset: workers cannot touch CUDA tensors
@@ -786,8 +819,10 @@ class DataloaderSyncLoading(Rule):
         if not flow.reaches_training(node):
             return
         facts = dataset_facts(self.ctx, node, flow)
-        if facts.gpu_resident or facts.cheap:
+        if facts.gpu_resident or facts.cheap or self._collate_builds_on_device(node, flow):
             return
+        if facts.kind == "unknown" and not facts.constructed:
+            return  # a parameter or another module's helper: nothing shows that loading costs anything
         reason = self._no_fix_reason(node, facts, flow)
         if reason is not None:
             self.report(node, note=reason)
@@ -801,6 +836,18 @@ class DataloaderSyncLoading(Rule):
         else:
             replacement = node.deep_replace(workers.value, cst.parse_expression(value))
         self.report(node, replacement=replacement, imports=imports)
+
+    def _collate_builds_on_device(self, node: cst.Call, flow: LoaderFlow) -> bool:
+        """`collate_fn=partial(make_batch, device="cuda:0")`: batches are built on the GPU, where worker
+        processes cannot work."""
+        collate = loader_arg(node, "collate_fn")
+        if collate is None:
+            return False
+        expr = _resolve(self.ctx, collate.value, flow)
+        if not isinstance(expr, cst.Call) or (dotted_name(expr.func) or "").rsplit(".", 1)[-1] != "partial":
+            return False
+        device = call_arg(expr, "device") or call_arg(expr, "dev")
+        return device is not None and string_value(device.value) != "cpu"
 
     def _no_fix_reason(self, node: cst.Call, facts: DatasetFacts, flow: LoaderFlow) -> str | None:
         if facts.kind == "iterable":

@@ -73,6 +73,17 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # a literal constant and `as_tensor` of a value that may already be a CUDA tensor: not batches
+            """
+            import torch
+            for x, y in loader:
+                logits = model(x.cuda(non_blocking=True))
+                loss = torch.tensor(0).to(logits) if y is None else criterion(logits, y)
+                sigma = torch.as_tensor(noise_level(logits)).to(logits.device)
+                (loss * sigma).backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # explicit CPU target
             """
             for x, y in loader:

@@ -5,7 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.analysis import call_arg, dotted_name, is_numeric_literal, method_name
+from gpulint.rule import is_test_path
 from gpulint.rules.host_sync_in_hot_loop import (
     DEVICE,
     HOST,
@@ -35,7 +36,8 @@ class HostDataToDevicePerStep(Rule):
     tensor once instead. Not reported: code in `if step % N == 0:` blocks (evaluation, sampling, logging every
     N steps), and a tensor whose only uses are `torch.distributed` collectives and reading the result back
     (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`, `bool(t.item())`): NCCL needs the value on
-    the device to agree across ranks.
+    the device to agree across ranks. A blocking `.to(device)` of such data is left to GPU011 (which adds
+    `non_blocking=True`); this rule reports it once that is done, as the copy is still made every step.
 
     ## Why is this slow
     Each call allocates a tensor in pageable host memory and copies it to the GPU; the copy from pageable
@@ -135,7 +137,8 @@ class HostDataToDevicePerStep(Rule):
             """
             import torch
             for step in range(1000):
-                obs = torch.from_numpy(buffer.sample(256)).float().to("cuda")
+                # non_blocking (GPU011's fix) does not help: the source is freshly allocated pageable memory
+                obs = torch.from_numpy(buffer.sample(256)).float().to("cuda", non_blocking=True)
                 loss = policy(obs).mean()
                 loss.backward()
                 optimizer.step()
@@ -179,19 +182,29 @@ class HostDataToDevicePerStep(Rule):
             if device is None or not self._device_target(device.value):
                 return
             source = node
-        if not self.ctx.in_hot_region() or amortised(self.ctx):
-            return  # `if step % N == 0:` blocks (eval, sampling, logging) run once every N steps
+        if not self.ctx.in_hot_region() or amortised(self.ctx) or is_test_path(self.ctx.path):
+            return  # `if step % N == 0:` blocks (eval, sampling, logging) run once every N steps; tests
         if self._agreement_across_ranks(node):
             return
         data = source.args[0].value if source.args and source.args[0].keyword is None else None
         qual = self.ctx.qualname(source.func) or ""
-        if data is not None and qual.endswith(("as_tensor", "asarray")) and source is node:
+        if data is not None and qual.endswith(("as_tensor", "asarray")):
             if Placement(self.ctx).of(data) not in (NONTENSOR, HOST):
                 return  # as_tensor of a tensor that may already be on the device is a no-op
         elif data is not None and not qual.endswith("from_numpy"):
             if Placement(self.ctx).of(data) in (DEVICE, TENSOR):
                 return  # not host data
-        if data is not None and _is_constant(data):
+        if isinstance(data, (cst.List, cst.Tuple)) and not data.elements:
+            return  # an empty tensor copies nothing
+        constant = data is not None and is_numeric_literal(data)
+        if source is not node and not constant and call_arg(node, "non_blocking") is None \
+                and self.ctx.evidence.is_cpu_source(node.func.value):  # type: ignore[attr-defined]
+            return  # GPU011 reports this blocking copy with its fix; this rule's advice follows once it is fixed
+        if constant and not isinstance(data, (cst.List, cst.Tuple)):
+            self.report(node, "Scalar constant built on the host and copied to the GPU every step: "
+                              "`torch.full((), value, device=...)` makes it on the GPU without a copy")
+            return
+        if constant:
             self.report(node, "Constant tensor rebuilt from Python data and copied to the GPU every step: create it "
                               "once (before the loop, or `self.register_buffer(...)` in a module)")
             return
@@ -242,17 +255,3 @@ class HostDataToDevicePerStep(Rule):
         if kind in (HOST, TENSOR):
             return False
         return bool(_DEVICE_NAME.search(dotted_name(node) or ""))
-
-
-def _is_constant(node: cst.BaseExpression) -> bool:
-    """Numeric literals and (nested) lists/tuples of them."""
-    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
-        node = node.expression
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return True
-    if isinstance(node, cst.Name) and node.value in ("True", "False"):
-        return True
-    if isinstance(node, (cst.List, cst.Tuple)):
-        return bool(node.elements) and all(
-            not isinstance(e, cst.StarredElement) and _is_constant(e.value) for e in node.elements)
-    return False
