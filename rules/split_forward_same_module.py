@@ -53,6 +53,9 @@ class ModuleFacts:
     loss: bool = False  # a loss module (`nn.MSELoss()`): not a network to batch
     shaped: str | None = None  # layers whose inputs may differ in more than the batch size (conv, tokens)
     parametric: bool = True  # has weights; `nn.ReLU()`, `nn.MaxPool2d(2)` are not networks
+    # one built-in layer (`nn.Linear(...)`, `nn.Embedding(...)`): cat + one kernel + split is no fewer launches
+    # than two kernels, so there is nothing to gain from merging its calls
+    single_layer: bool = False
 
     def merge(self, other: "ModuleFacts") -> "ModuleFacts":
         return ModuleFacts(self.known and other.known, self.coupling or other.coupling,
@@ -234,8 +237,9 @@ class ModuleResolver:
                     facts = facts.merge(inner or UNKNOWN)
             return facts
         if _SHAPED.match(kind):
-            return ModuleFacts(outputs=1, shaped=f"`nn.{kind}` (inputs may differ in spatial size or length)")
-        return ModuleFacts(outputs=1, parametric=not _PARAMETER_FREE.match(kind))
+            return ModuleFacts(outputs=1, shaped=f"`nn.{kind}` (inputs may differ in spatial size or length)",
+                               single_layer=True)
+        return ModuleFacts(outputs=1, parametric=not _PARAMETER_FREE.match(kind), single_layer=True)
 
     def _resolve_argument(self, node: cst.BaseExpression | None, call: cst.Call, owner: cst.ClassDef | None,
                           depth: int) -> ModuleFacts | None:
@@ -986,7 +990,6 @@ _MODULE_NAME = re.compile(r"(^|_)(model|net|network|policy|actor|critic|encoder|
                           r"generator|q_?net|q_?func|value_?net|backbone|agent)s?\d*$", re.I)
 _WRAP_AT = 96  # longer rewrites put the split on its own line
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.enable_grad"}
-_GRAD_OFF = {"torch.no_grad", "torch.inference_mode"}
 _SILENT = "not reported: may run in training mode"  # a reason that means: report nothing
 
 
@@ -1256,7 +1259,23 @@ class SplitForwardSameModule(Rule):
                 optimizer.step()
             """,
         ),
-        Invalid(  # BatchNorm without gradients and no `.eval()` seen: reported, not fixed
+        Valid(  # one built-in layer: cat + one lookup + split is no fewer kernels than two lookups
+            """
+            import torch.nn as nn
+            class Boxes(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.x_embed = nn.Embedding(1024, 64)
+                    self.head = nn.Linear(64, 2)
+                def forward(self, box):
+                    left = self.x_embed(box[:, 0])
+                    right = self.x_embed(box[:, 2])
+                    a = self.head(left)
+                    b = self.head(right)
+                    return a + b
+            """
+        ),
+        Valid(  # BatchNorm without gradients but in training mode (no `.eval()` seen): still per-batch statistics
             """
             import torch
             import torch.nn as nn
@@ -1299,30 +1318,13 @@ class SplitForwardSameModule(Rule):
                            in _NO_GRAD for d in node.decorators)
         return False
 
-    def _may_train(self) -> bool:
-        """Can the calls run in training mode? False under `torch.no_grad()` / `torch.inference_mode()`
-        (a `with` or a decorator of the enclosing function) or `torch.set_grad_enabled(False)`."""
-        for node in reversed(self.ctx.ancestors):
-            if isinstance(node, cst.With):
-                for item in node.items:
-                    expr = item.item.func if isinstance(item.item, cst.Call) else item.item
-                    qual = self.ctx.qualname(expr)
-                    if qual in _GRAD_OFF:
-                        return False
-                    if qual == "torch.set_grad_enabled" and isinstance(item.item, cst.Call) and item.item.args \
-                            and _is_false(item.item.args[0].value):
-                        return False
-            if isinstance(node, cst.FunctionDef):
-                return not any(self.ctx.qualname(d.decorator.func if isinstance(d.decorator, cst.Call)
-                                                 else d.decorator) in _GRAD_OFF for d in node.decorators)
-        return True
-
     def _silent_in_training(self, facts: ModuleFacts) -> bool:
         """BatchNorm, dropout, or a definition gpulint cannot see (which may have them): in training mode one
         batched call normalises over / draws randomness for all batches together, a change of method (two
-        views in self-supervised learning), not of speed. Not reported unless the calls provably run without
-        gradients or in eval mode (`facts` already reflect `.eval()` evidence)."""
-        return (facts.coupling is not None or not facts.known) and self._may_train()
+        views in self-supervised learning), not of speed. `torch.no_grad()` does not change that (a momentum
+        encoder runs without gradients in training mode); only `.eval()` evidence, already folded into
+        `facts`, does."""
+        return facts.coupling is not None or not facts.known
 
     # -- visitors ----------------------------------------------------------------------------
 
@@ -1555,7 +1557,7 @@ class SplitForwardSameModule(Rule):
             return None
         facts = self.modules.of_callee(func, self.ctx.ancestors)
         if facts is not None:
-            return None if facts.loss or not facts.parametric else "module"
+            return None if facts.loss or not facts.parametric or facts.single_layer else "module"
         if isinstance(func, (cst.Name, cst.Attribute)):
             last = func.value if isinstance(func, cst.Name) else func.attr.value
             if _MODULE_NAME.search(last):
