@@ -6,6 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, string_value
+from gpulint.rule import is_test_path
 from gpulint.rules.cudnn_benchmark import program_texts
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
@@ -17,7 +18,6 @@ _TORCHVISION_CNN = re.compile(
     r"googlenet)\w*\(|\bmodels\.__dict__\[")
 _CHANNELS_LAST = re.compile(r"channels_last")
 _CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|torch\.accelerator\.""")
-_TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$")
 
 
 class ChannelsLast(Rule):
@@ -121,7 +121,7 @@ class ChannelsLast(Rule):
             return
         self._done = True  # one finding per file
         texts = program_texts(self.ctx)
-        if _TEST_PATH.search(self.ctx.path) or any(_CHANNELS_LAST.search(t) for t in texts):
+        if is_test_path(self.ctx.path) or any(_CHANNELS_LAST.search(t) for t in texts):
             return
         conv_bn = sum(len(_CONV2D.findall(t)) for t in texts) >= 2 and any(_BATCH_NORM_2D.search(t) for t in texts)
         if not (conv_bn or any(_TORCHVISION_CNN.search(t) for t in texts)):

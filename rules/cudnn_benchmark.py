@@ -5,6 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
+from gpulint.rule import is_test_path
 
 _CONV = re.compile(
     r"\b(nn\.)?Conv(Transpose)?[123]d\(|\btorchvision\.models\.\w+\(|\bmodels\.__dict__\[|\bmodels\.(resnet|resnext|"
@@ -20,7 +21,6 @@ _DETERMINISTIC = re.compile(r"\bcudnn\.deterministic\b|use_deterministic_algorit
 _VARIABLE_SHAPES = re.compile(r"\bpad_sequence\(")
 _SEQUENCE_CONV = re.compile(r"\bConv(Transpose)?1d\(|\bconv(_transpose)?1d\(")
 _CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|torch\.accelerator\.""")
-_TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$")
 
 
 class CudnnBenchmark(Rule):
@@ -148,7 +148,7 @@ class CudnnBenchmark(Rule):
             return
         self._reported_loop = True  # one finding per file, at its first training loop
         texts = program_texts(self.ctx)
-        if _TEST_PATH.search(self.ctx.path) or not any(_CONV.search(t) for t in texts) \
+        if is_test_path(self.ctx.path) or not any(_CONV.search(t) for t in texts) \
                 or not _trains_on_cuda(self.ctx, texts):
             return
         if any(_BENCHMARK.search(t) or _DETERMINISTIC.search(t) for t in texts):

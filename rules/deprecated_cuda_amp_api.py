@@ -1,12 +1,11 @@
 import re
-from functools import lru_cache
-from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, has_star_args, walk
+from gpulint.pins import torch_pinned_below
 
 # deprecated qualified name -> (new qualified name, device, kind)
 _DEPRECATED = {
@@ -253,7 +252,7 @@ class DeprecatedCudaAmpApi(Rule):
         return qual, head if from_imported else None
 
     def _skipped(self, kind: str) -> bool:
-        return self._gated() or _torch_pinned_below(self.ctx.path, _MIN_TORCH[kind])
+        return self._gated() or torch_pinned_below(self.ctx.path, _MIN_TORCH[kind])
 
     def _gated(self) -> bool:
         """Inside `if hasattr(...)` / `if torch.__version__ ...` / `try: ... except ImportError`?"""
@@ -291,7 +290,7 @@ class DeprecatedCudaAmpApi(Rule):
     def _report_group_use(self, node: cst.CSTNode, local: str, qual: str) -> None:
         group = self._group_for(local)
         _, _, kind = _DEPRECATED[qual]
-        if group is None or group.gated or _torch_pinned_below(self.ctx.path, _MIN_TORCH[kind]):
+        if group is None or group.gated or torch_pinned_below(self.ctx.path, _MIN_TORCH[kind]):
             return
         message = self._message(qual)
         if group.edits is None:
@@ -478,34 +477,3 @@ def _add_device_type(call: cst.Call, device: str) -> cst.Call | None:
             whitespace_after=cst.SimpleWhitespace(" "))
     args.insert(first_keyword, new.with_changes(comma=comma))
     return call.with_changes(args=args)
-
-
-@lru_cache(maxsize=256)
-def _pins_in(directory: str) -> tuple[tuple[int, int], ...]:
-    """Upper bounds on torch versions written in requirement files of `directory` and its parents."""
-    bounds = []
-    spec = re.compile(r"""^\s*["']?torch(?:\[[^\]]*\])?\s*(==|<=|<|~=)\s*v?(\d+)\.(\d+)""", re.M)
-    current = Path(directory)
-    for _ in range(6):
-        candidates = sorted(current.glob("requirements*.txt")) + [current / n for n in (
-            "pyproject.toml", "setup.py", "setup.cfg", "environment.yml", "environment.yaml")]
-        for file in candidates:
-            try:
-                text = file.read_text(encoding="utf-8", errors="replace") if file.is_file() else ""
-            except OSError:
-                continue
-            for op, major, minor in spec.findall(text):
-                version = (int(major), int(minor))
-                bounds.append(version if op != "<" else (version[0], version[1] - 1))
-        if (current / ".git").exists() or current.parent == current:
-            break
-        current = current.parent
-    return tuple(bounds)
-
-
-def _torch_pinned_below(path: str, minimum: tuple[int, int]) -> bool:
-    """Do the project's requirement files pin torch to a version below `minimum`?"""
-    file = Path(path)
-    if not file.is_file():
-        return False
-    return any(bound < minimum for bound in _pins_in(str(file.resolve().parent)))

@@ -6,9 +6,9 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, string_value
+from gpulint.rule import is_test_path
 
 _CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
-_TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$|conftest\.py$")
 # A helper whose whole purpose is determinism: whoever calls it decides (often under a flag).
 _DETERMINISM_HELPER = re.compile(r"determin|reproduc", re.I)
 _TRAINING = re.compile(r"\.backward\(")
@@ -116,7 +116,7 @@ class DeterministicModeInTraining(Rule):
             and string_value(expr.slice[0].slice.value) == _CUBLAS_ENV
 
     def _maybe_report(self, node: cst.CSTNode) -> None:
-        if _TEST_PATH.search(self.ctx.path) or not self.ctx.program.search(_TRAINING):
+        if is_test_path(self.ctx.path) or not self.ctx.program.search(_TRAINING):
             return
         for ancestor in reversed(self.ctx.ancestors[:-1]):
             if isinstance(ancestor, cst.If) and _SWITCH.search(self.ctx.code(ancestor.test)):

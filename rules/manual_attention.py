@@ -8,6 +8,7 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, dotted_name, has_star_args, method_name, string_value
+from gpulint.pins import torch_pinned_below
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
@@ -239,8 +240,8 @@ class ManualAttention(Rule):
     def _check(self, anchor: cst.BaseExpression, probs: cst.BaseExpression, value: cst.BaseExpression,
                value_rank: int | None) -> None:
         where = _statement_position(self.ctx.ancestors)
-        if where is None:
-            return
+        if where is None or torch_pinned_below(self.ctx.path, (2, 0)):
+            return  # SDPA arrived in torch 2.0
         stmt_index_in_ancestors, block, final_index = where
         if self._next_to_fused_attention():
             return
@@ -261,6 +262,8 @@ class ManualAttention(Rule):
         call, imports, note = None, (), None
         if not problems:
             call, imports, note = self._build_call(trace, value, problems)
+        if call is not None and call_arg(call, "scale") is not None and torch_pinned_below(self.ctx.path, (2, 1)):
+            problems.append("the project pins torch below 2.1, whose SDPA has no `scale=`")
         if problems or call is None:
             self.report(anchor, note=_problem_note(problems))
             return

@@ -7,14 +7,16 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, string_value, walk
 from gpulint.builders import add_keyword
+from gpulint.pins import torch_pinned_below
+from gpulint.rule import is_test_path
 from gpulint.rules.cudnn_benchmark import program_texts
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
 # "`fused=True` requires all the params to be floating point Tensors of supported devices: ['mps', 'xpu', ...]").
-_FUSABLE = {"torch.optim.Adam", "torch.optim.AdamW", "torch.optim.SGD"}
+# The torch release whose optimizer first takes `fused=` (Adam: 1.13 with CUDA-only limits; SGD: 2.2).
+_FUSED_SINCE = {"torch.optim.Adam": (2, 0), "torch.optim.AdamW": (2, 0), "torch.optim.SGD": (2, 2)}
 # Arguments that conflict with `fused=True` (RuntimeError) or show the implementation was chosen on purpose.
 _CONFLICTS = ("fused", "foreach", "differentiable", "capturable")
-_TEST_PATH = re.compile(r"(^|[\\/])tests?[\\/]|(^|[\\/])test_[^\\/]*\.py$|_test\.py$")
 # complex parameters (complex activations, e.g. FFTs or rotary embeddings, do not matter)
 _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64|complex128|cfloat|cdouble|chalf)\b")
 # CUDA text evidence, including the device-generic API (torch >= 2.6) and NCCL: CUDA on NVIDIA machines
@@ -153,7 +155,7 @@ class OptimizerNotFused(Rule):
             optimizer = optim.Adam(model.parameters(), lr=1e-3, fused=True)
             """,
         ),
-        Invalid(  # moved after the optimizer is built, or handed to code that may move it: still reported
+        Invalid(  # moved after the optimizer is built: reported without a fix (torch < 2.4 raises at construction)
             """
             import torch
 
@@ -163,14 +165,21 @@ class OptimizerNotFused(Rule):
                 model.cuda(gpu)
                 model = setup_distributed(model)
             """,
+        ),
+        Invalid(  # moved before, then handed to code that may move it again: fixed
+            """
+            import torch
+
+            def main(gpu):
+                model = setup_distributed(torch.nn.Linear(8, 8).cuda(gpu))
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            """,
             fixed="""
             import torch
 
             def main(gpu):
-                model = torch.nn.Linear(8, 8)
+                model = setup_distributed(torch.nn.Linear(8, 8).cuda(gpu))
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-                model.cuda(gpu)
-                model = setup_distributed(model)
             """,
         ),
     ]
@@ -197,14 +206,14 @@ class OptimizerNotFused(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         qualified = self.ctx.qualname(node.func)
-        if qualified not in _FUSABLE:
+        if qualified not in _FUSED_SINCE:
             return
         if any(arg.star for arg in node.args) or any(call_arg(node, key) is not None for key in _CONFLICTS):
             return
         program = self.ctx.program
         if not _trains_on_cuda(self.ctx):
             return
-        if _TEST_PATH.search(self.ctx.path):
+        if is_test_path(self.ctx.path) or torch_pinned_below(self.ctx.path, _FUSED_SINCE[qualified]):
             return
         if _stays_on_cpu(self.ctx, node):
             return  # the parameters belong to a module built here that never goes to a device
@@ -213,7 +222,34 @@ class OptimizerNotFused(Rule):
         if program.search(_COMPLEX_PARAMETER):
             self.report(node, note="the program has complex parameters: `fused=True` raises for them")
             return
+        if _moved_after(self.ctx, node):
+            self.report(node, note="the model is moved to the GPU after the optimizer is built: before torch 2.4 "
+                                   "`fused=True` raises for CPU parameters; build the optimizer after the move")
+            return
         self.report(node, replacement=add_keyword(node, "fused", "True"))
+
+
+def _moved_after(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext
+    """`opt = Adam(self.G.parameters())` followed by `self.cuda()` (or `.to(...)` of the same module or one
+    holding it) later in the same function."""
+    params = call_arg(call, "params", 0)
+    if params is None:
+        return False
+    owners: set[str] = set()
+    for inner in walk(params):
+        if isinstance(inner, cst.Call) and method_name(inner) in ("parameters", "named_parameters") \
+                and isinstance(inner.func, cst.Attribute):
+            parts = (dotted_name(inner.func.value) or "").split(".")
+            owners |= {".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0]}
+    scope = ctx.enclosing(cst.FunctionDef) or ctx.module
+    after = False
+    for node in walk(scope):
+        if node is call:
+            after = True
+        elif after and isinstance(node, cst.Call) and method_name(node) in ("cuda", "to") \
+                and dotted_name(node.func.value) in owners:  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 def _trains_on_cuda(ctx) -> bool:

@@ -1,0 +1,42 @@
+"""The torch version a project pins, read from its requirement files: fixes that need a newer API stay off
+for projects that say they run an older torch."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+# `torch==1.7.0` (requirements, setup.py, pyproject), `torch<2.1`, `torch~=2.0`, conda's `pytorch=1.7.0`
+_PIN = re.compile(r"""(?:^|[\s"'\[,(])(?:py)?torch(?:\[[^\]]*\])?\s*(==|<=|~=|=|<)\s*v?(\d+)\.(\d+)""", re.M)
+_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "environment.yml", "environment.yaml")
+_PARENTS = 6  # how far up from a file to look, stopping at a repository root
+
+
+@lru_cache(maxsize=256)
+def _upper_bounds(directory: str) -> tuple[tuple[int, int], ...]:
+    """Upper bounds on the torch (major, minor) written in requirement files of `directory` and its parents."""
+    bounds = []
+    current = Path(directory)
+    for _ in range(_PARENTS):
+        candidates = sorted(current.glob("requirements*.txt")) + [current / name for name in _FILES]
+        for file in candidates:
+            try:
+                text = file.read_text(encoding="utf-8", errors="replace") if file.is_file() else ""
+            except OSError:
+                continue
+            for op, major, minor in _PIN.findall(text):
+                version = (int(major), int(minor))
+                bounds.append(version if op != "<" else (version[0], version[1] - 1))
+        if (current / ".git").exists() or current.parent == current:
+            break
+        current = current.parent
+    return tuple(bounds)
+
+
+def torch_pinned_below(path: str, minimum: tuple[int, int]) -> bool:
+    """Do the requirement files of the project holding `path` pin torch below `minimum` (major, minor)?"""
+    file = Path(path)
+    if not file.is_file():
+        return False
+    return any(bound < minimum for bound in _upper_bounds(str(file.resolve().parent)))

@@ -1,0 +1,67 @@
+"""Fixes that need a newer torch stay off for projects whose requirement files pin an older one."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpulint.engine import lint_text
+from gpulint.pins import torch_pinned_below
+from gpulint.registry import rule_by_code
+
+
+@pytest.mark.parametrize(("name", "text", "below_2_1", "below_2_0"), [
+    ("requirements.txt", "numpy\ntorch==2.0.1\n", True, False),
+    ("requirements-dev.txt", "torch<2.1\n", True, False),
+    ("setup.py", 'setup(install_requires=["numpy", "torch==1.7.0"])\n', True, True),
+    ("environment.yml", "dependencies:\n  - python=3.8\n  - pytorch=1.7.0\n", True, True),
+    ("pyproject.toml", 'dependencies = ["torch>=2.0"]\n', False, False),  # a lower bound pins nothing
+    ("requirements.txt", "torchvision==0.8.0\n", False, False),
+])
+def test_pins_are_read_from_requirement_files(tmp_path: Path, name, text, below_2_1, below_2_0):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / name).write_text(text)
+    source = tmp_path / "src" / "train.py"
+    source.parent.mkdir()
+    source.write_text("import torch\n")
+    assert torch_pinned_below(str(source), (2, 1)) is below_2_1
+    assert torch_pinned_below(str(source), (2, 0)) is below_2_0
+
+
+TRAIN = textwrap.dedent("""
+    import torch
+    model = Net().cuda()
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.cuda.amp.GradScaler()
+
+    def attention(q, k, v):
+        return ((q @ k.transpose(-2, -1)) * 0.125).softmax(-1) @ v
+""")
+
+
+def _findings(tmp_path: Path, pin: str | None) -> dict[str, bool]:
+    """code -> whether its finding carries a fix, for TRAIN in a project pinning `pin`."""
+    (tmp_path / ".git").mkdir()
+    if pin:
+        (tmp_path / "requirements.txt").write_text(f"torch=={pin}\n")
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    rules = [rule_by_code(code) for code in ("GPU022", "GPU030", "GPU032")]
+    found: dict[str, bool] = {}
+    for d in lint_text(TRAIN, str(path), rules).diagnostics:
+        found[f"{d.code}@{d.line}"] = d.fix is not None
+    return found
+
+
+def test_unpinned_project_gets_every_fix(tmp_path: Path):
+    assert _findings(tmp_path, None) == {"GPU032@4": True, "GPU032@5": True, "GPU022@6": True, "GPU030@9": True}
+
+
+def test_torch_2_0_has_no_fused_sgd_nor_sdpa_scale(tmp_path: Path):
+    # SGD's `fused=` arrived in 2.2, SDPA's `scale=` in 2.1; `torch.cuda.amp` is the API of torch < 2.3
+    assert _findings(tmp_path, "2.0.1") == {"GPU032@4": True, "GPU030@9": False}
+
+
+def test_torch_1_x_has_neither_fused_optimizers_nor_sdpa(tmp_path: Path):
+    assert _findings(tmp_path, "1.13.1") == {}
