@@ -1,7 +1,7 @@
 """Turn command-line paths into the Python files to lint.
 
 Directories are walked recursively; nested `.gitignore` files are honoured; default excludes (VCS folders,
-virtualenvs, caches, build outputs) are matched relative to the project root. A file named on the
+virtualenvs, caches, build outputs, cookiecutter templates) are matched relative to the project root. A file named on the
 command line is always linted.
 """
 
@@ -18,6 +18,8 @@ DEFAULT_EXCLUDES = (
     ".git", ".hg", ".svn", ".bzr", ".venv", "venv", ".env", "env", "__pypackages__", ".tox", ".nox",
     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".gpulint_cache", "__pycache__", "build", "dist",
     "site-packages", "node_modules", ".eggs", "*.egg-info", ".ipynb_checkpoints",
+    # cookiecutter/Jinja templates (`{{cookiecutter.name}}/train.py`): not Python until rendered
+    "*{{*", "*{%*",
 )
 
 

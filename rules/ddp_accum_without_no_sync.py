@@ -265,6 +265,23 @@ class DdpAccumWithoutNoSync(Rule):
                     optimizer.zero_grad()
             """
         ),
+        Invalid(  # backward in two branches (apex and plain): one finding for the loop
+            """
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[rank])
+            for i, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y) / accum_steps
+                if fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                if (i + 1) % accum_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            """,
+            count=1,
+        ),
     ]
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -279,8 +296,8 @@ class DdpAccumWithoutNoSync(Rule):
         for accumulation in Accumulations.of(self.ctx.analysis).items:
             if not self._calls_model(accumulation, ddp_names):
                 continue
-            for call in accumulation.backward_calls:
-                self.report(call)
+            if accumulation.backward_calls:  # one finding per loop, also when branches call backward differently
+                self.report(accumulation.backward_calls[0])
 
     def _ddp_models(self) -> set[str]:
         """Names (and attribute names) assigned a DDP-wrapped model in this file."""

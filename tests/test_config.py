@@ -125,6 +125,7 @@ def test_exclude_replaces_defaults_and_explicit_files_are_linted(tmp_path):
     write(tmp_path / "pyproject.toml", '[tool.gpulint]\nselect = ["GPU011"]\nextend-exclude = ["gen"]\n')
     write(tmp_path / "gen" / "model.py", BAD)
     write(tmp_path / "build" / "x.py", BAD)
+    write(tmp_path / "templates" / "{{cookiecutter.name}}" / "run.py", "def {{ name }}():\n")  # a Jinja template
     write(tmp_path / "train.py", BAD)
     assert findings(check(tmp_path)) == ["train.py:GPU011"]
     # a file named on the command line is linted unless --force-exclude (what the pre-commit hook passes)
@@ -134,7 +135,8 @@ def test_exclude_replaces_defaults_and_explicit_files_are_linted(tmp_path):
     assert findings(check(tmp_path, "build")) == ["build/x.py:GPU011"]
     # `exclude` replaces the defaults (which exclude build/)
     write(tmp_path / "pyproject.toml", '[tool.gpulint]\nselect = ["GPU011"]\nexclude = ["gen"]\n')
-    assert findings(check(tmp_path)) == ["build/x.py:GPU011", "train.py:GPU011"]
+    assert findings(check(tmp_path)) == ["build/x.py:GPU011", "templates/{{cookiecutter.name}}/run.py:GPU900",
+                                         "train.py:GPU011"]
 
 
 def test_fixable_unfixable_and_unsafe_fixes_from_config(tmp_path):
