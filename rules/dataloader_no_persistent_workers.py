@@ -92,6 +92,25 @@ class DataloaderNoPersistentWorkers(Rule):
                     optimizer.step()
             """
         ),
+        Valid(  # rebuilt for every dataset it is iterated for; a helper called in a loop on other loaders
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def evaluate(model, loader):
+                for x, y in loader:
+                    model(x.cuda())
+            def evaluate_all(model, datasets):
+                for dataset in datasets:
+                    loader = DataLoader(dataset, batch_size=64, num_workers=8)
+                    evaluate(model, loader)
+            def sweep(model, loaders):
+                for loader in loaders:
+                    evaluate(model, loader)
+            def final(model, test_set):
+                loader = DataLoader(test_set, batch_size=64, num_workers=8)
+                evaluate(model, loader)
+            """
+        ),
         Invalid(
             """
             import torch

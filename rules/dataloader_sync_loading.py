@@ -347,20 +347,35 @@ class LoaderFlow(PerFileFacts):
         for loop in self.iterating_loops(carriers):
             outer = self._outer_loop(loop)
             if outer is not None:
-                return outer
+                return None if self._inside(call, outer) else outer  # rebuilt every pass: nothing persists
             function = self.enclosing_function(loop)
             if function is None:
                 continue
+            # the loader arrives as a parameter: only call sites that pass this loader count
+            iterated = loop.iter if isinstance(loop, (cst.For, cst.CompFor)) else None
+            via_parameter = isinstance(iterated, cst.Name) and iterated.value in {
+                p.name.value for p in [*function.params.posonly_params, *function.params.params,
+                                       *function.params.kwonly_params]}
             # the function iterating the loader is itself called inside a loop (one level)
             for site in self.calls:
                 func = site.func
                 called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(
                     func, cst.Attribute) else None
-                if called == function.name.value:
-                    outer = self._outer_loop(site)
-                    if outer is not None:
-                        return outer
+                if called != function.name.value or (via_parameter and not any(
+                        not a.star and self._is_carrier(a.value, carriers) for a in site.args)):
+                    continue
+                outer = self._outer_loop(site)
+                if outer is not None and not self._inside(call, outer):
+                    return outer
         return None
+
+    def _inside(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+        current = self.parents.get(id(node))
+        while current is not None:
+            if current is ancestor:
+                return True
+            current = self.parents.get(id(current))
+        return False
 
     def _outer_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
         current = self.parents.get(id(node))
