@@ -65,8 +65,8 @@ class DataParallel(Rule):
     function, or stored on `self` and used by a method that trains. Not reported: DataParallel built only for
     sampling or inference (often just to load a checkpoint saved with `module.` prefixes), a re-wrap inside an
     `isinstance(m, nn.DataParallel)` branch, a library helper that wraps a module its caller passes in, and the
-    DataParallel fallback of an if/elif chain that also builds `DistributedDataParallel` (the script already
-    offers DDP).
+    DataParallel fallback in a function or if/elif chain that also builds `DistributedDataParallel` (the
+    script already offers DDP).
 
     ## Fix safety
     No automatic fix: moving to DDP changes how the script is launched, needs a process group, a
@@ -127,6 +127,22 @@ class DataParallel(Rule):
                 if isinstance(m, nn.DataParallel):
                     return nn.DataParallel(copy.deepcopy(m.module))
                 return copy.deepcopy(m)
+            """
+        ),
+        Valid(  # the same function also builds DistributedDataParallel (under another name) when distributed
+            """
+            import torch
+            from torch import nn
+            from torch.nn.parallel import DistributedDataParallel as NativeDDP
+            def main(args, loader, optimizer):
+                model = build_model()
+                if args.num_gpu > 1:
+                    model = nn.DataParallel(model).cuda()
+                if args.distributed:
+                    model = NativeDDP(model.cuda(), device_ids=[args.local_rank])
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
             """
         ),
         Valid(  # the fallback of a chain that already offers DistributedDataParallel
@@ -217,14 +233,15 @@ class DataParallel(Rule):
         return not self._flows_to_training(target, scope, fn, info)
 
     def _ddp_alternative(self, ancestors) -> bool:  # noqa: ANN001
-        """Inside an if/elif/else chain one of whose branches builds DistributedDataParallel."""
+        """The same function (or if/elif/else chain, at module level) also builds DistributedDataParallel:
+        DataParallel is the script's fallback when it is not launched distributed."""
         a = self.ctx.analysis
         for node in reversed(ancestors):
+            if isinstance(node, (cst.FunctionDef, cst.If)) and any(
+                    a.call_qualname(c) in _DISTRIBUTED for c in iter_calls(node)):
+                return True
             if isinstance(node, cst.FunctionDef):
                 return False
-            if isinstance(node, cst.If) and any(a.call_qualname(c) in _DISTRIBUTED
-                                                for c in iter_calls(node)):
-                return True
         return False
 
     def _target(self, ancestors) -> str | None:  # noqa: ANN001

@@ -1,22 +1,17 @@
-import ast
 import re
-from functools import lru_cache
 
 import libcst as cst
 
 from gpulint import Confidence, HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, dotted_name, method_name, walk
+from gpulint.network_size import network_size
 from gpulint.rule import is_test_path
-from gpulint.rules.tf32_not_enabled import (FP64, LOW_PRECISION, _CUDA_TEXT, related_texts,
-                                            search_texts)
+from gpulint.rules.tf32_not_enabled import FP64, LOW_PRECISION, _CUDA_TEXT, related_texts
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # custom kernels may lack autocast support; RPC runs the forward on remote workers, outside the context
 _CUSTOM_KERNELS = re.compile(r"cpp_extension|load_inline|\btriton\b|torch\.ops\.|cupy|numba|distributed\.rpc|"
                              r"distributed\.autograd|dist_autograd")
-_BIG_MODEL = re.compile(
-    r"torchvision\.models|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|timm\.create_model|from_pretrained\(|"
-    r"\bAutoModel|\bresnet\d+\(|\bvit_\w+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
 # Reinforcement learning: small policy/value networks, launch-bound steps (catalog F10: autocast made an RL MLP
 # step 0.80x as fast on an H100)
 _RL = re.compile(r"^\s*(import|from)\s+(gym|gymnasium|envpool|pettingzoo|procgen|isaacgym|isaacgymenvs|dm_control|"
@@ -34,94 +29,6 @@ _DATA_PREP_CALLS = {"to", "cuda", "float", "long", "int", "bool", "view", "resha
                     "requires_grad_"} | TENSOR_FACTORIES  # factories ignore autocast
 _NEUTRAL_CALLS = {"zero_grad", "print", "info", "debug", "log", "set_description", "set_postfix", "update_lr",
                   "train", "tic", "toc", "record", "start", "append"}
-_WIDTH_NAME = re.compile(
-    r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
-    r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
-_LAYER_ARGS = {
-    "Linear": ((0, "in_features"), (1, "out_features")),
-    "LazyLinear": ((0, "out_features"),),
-    "Bilinear": ((0, "in1_features"), (1, "in2_features"), (2, "out_features")),
-    "Embedding": ((1, "embedding_dim"),),
-    "LSTM": ((1, "hidden_size"),),
-    "GRU": ((1, "hidden_size"),),
-    "RNN": ((1, "hidden_size"),),
-    "MultiheadAttention": ((0, "embed_dim"),),
-    "TransformerEncoderLayer": ((0, "d_model"), (2, "dim_feedforward")),
-    "TransformerDecoderLayer": ((0, "d_model"), (2, "dim_feedforward")),
-    "Transformer": ((0, "d_model"), (5, "dim_feedforward")),
-}
-for _conv in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):
-    _LAYER_ARGS[_conv] = ((0, "in_channels"), (1, "out_channels"))
-_TWO_SIDED = {"Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-              "ConvTranspose3d"}
-SMALL_WIDTH = 256
-
-
-def _const_int(node: ast.AST) -> int | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.FloorDiv, ast.Pow)):
-        left, right = _const_int(node.left), _const_int(node.right)
-        if left is None or right is None or (isinstance(node.op, ast.Pow) and right > 32):
-            return None
-        if isinstance(node.op, ast.FloorDiv):
-            return left // right if right else None
-        return {ast.Mult: left * right, ast.Add: left + right, ast.Sub: left - right,
-                ast.Pow: left ** right if isinstance(node.op, ast.Pow) else 0}[type(node.op)]
-    return None
-
-
-@lru_cache(maxsize=4096)
-def _widths(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(literal widths of nn layers, literal values of width-named settings) in one file."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return (), ()
-    layers: list[int] = []
-    settings: list[int] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            dims = []
-            for position, keyword in _LAYER_ARGS.get(name, ()):
-                value = next((k.value for k in node.keywords if k.arg == keyword), None)
-                if value is None and len(node.args) > position and not any(
-                        isinstance(a, ast.Starred) for a in node.args[:position + 1]):
-                    value = node.args[position]
-                width = _const_int(value) if value is not None else None
-                if width is not None:
-                    dims.append(width)
-            if dims:
-                # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer
-                layers.append(min(dims) if name in _TWO_SIDED else max(dims))
-            if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) \
-                    and _WIDTH_NAME.match(node.args[0].value.lstrip("-").replace("-", "_")):
-                value = next((k.value for k in node.keywords if k.arg == "default"), None)
-                width = _const_int(value) if value is not None else None
-                if width is not None:
-                    settings.append(width)
-            for keyword in node.keywords:
-                if keyword.arg and _WIDTH_NAME.match(keyword.arg) and _const_int(keyword.value) is not None:
-                    settings.append(_const_int(keyword.value))  # type: ignore[arg-type]
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(
-                    target, ast.Attribute) else ""
-                if _WIDTH_NAME.match(name) and _const_int(node.value) is not None:
-                    settings.append(_const_int(node.value))  # type: ignore[arg-type]
-        elif isinstance(node, ast.arguments):
-            positional = node.posonlyargs + node.args
-            for arg, default in zip(positional[len(positional) - len(node.defaults):], node.defaults):
-                if _WIDTH_NAME.match(arg.arg) and _const_int(default) is not None:
-                    settings.append(_const_int(default))  # type: ignore[arg-type]
-            for arg, default in zip(node.kwonlyargs, node.kw_defaults):
-                if default is not None and _WIDTH_NAME.match(arg.arg) and _const_int(default) is not None:
-                    settings.append(_const_int(default))  # type: ignore[arg-type]
-    return tuple(layers), tuple(settings)
 
 
 class NoAutocast(Rule):
@@ -310,7 +217,7 @@ class NoAutocast(Rule):
             return
         if any(p.search(t) for p in (LOW_PRECISION, FP64, _CUSTOM_KERNELS, _RL) for t in joined):
             return
-        if not self._large_network(texts):
+        if network_size(texts) != "large":
             return
         if any(isinstance(n, cst.Call) and (dotted_name(n.func) or "").endswith("autocast")
                for n in walk(self.ctx.module, into_functions=True)):
@@ -318,14 +225,6 @@ class NoAutocast(Rule):
         for region in self._regions:
             self._check_region(region)
 
-    def _large_network(self, texts: dict[str, str]) -> bool:
-        if search_texts(texts, _BIG_MODEL):
-            return True
-        for text in texts.values():
-            layers, settings = _widths(text)
-            if any(w > SMALL_WIDTH for w in layers) or any(w > SMALL_WIDTH for w in settings):
-                return True
-        return False
 
     def _half_with_autocast(self) -> None:
         """`model.half()` and an autocast region in the same training function (or both at module level)."""

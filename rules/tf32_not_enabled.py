@@ -10,6 +10,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
+from gpulint.network_size import network_size
 from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
@@ -462,6 +463,16 @@ class Tf32NotEnabled(Rule):
                 main()
             """
         ),
+        Valid(  # every layer is small (a GRU of width 20): launch-bound, TF32 changes nothing measurable
+            """
+            import torch
+            from torch import nn
+            model = nn.Sequential(nn.GRU(28, 20, 4), nn.Linear(20, 10)).cuda()
+            for x, y in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # mixed precision already in effect
             """
             import torch
@@ -576,6 +587,8 @@ class Tf32NotEnabled(Rule):
         for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
             if any(pattern.search(text) for text in joined):
                 return
+        if network_size(texts) == "small":
+            return  # every GEMM is small (and RNNs/convs already use TF32 through cuDNN): nothing to gain
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
         uses_new = any(_NEW_API_TEXT.search(text) for text in joined)
