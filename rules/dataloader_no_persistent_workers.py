@@ -97,7 +97,7 @@ class DataloaderNoPersistentWorkers(Rule):
             import torch
             from torch.utils.data import DataLoader
             def evaluate(model, loader):
-                for x, y in loader:
+                for i, (x, y) in enumerate(loader):
                     model(x.cuda())
             def evaluate_all(model, datasets):
                 for dataset in datasets:

@@ -352,10 +352,10 @@ class LoaderFlow(PerFileFacts):
             if function is None:
                 continue
             # the loader arrives as a parameter: only call sites that pass this loader count
-            iterated = loop.iter if isinstance(loop, (cst.For, cst.CompFor)) else None
-            via_parameter = isinstance(iterated, cst.Name) and iterated.value in {
-                p.name.value for p in [*function.params.posonly_params, *function.params.params,
-                                       *function.params.kwonly_params]}
+            params = {p.name.value for p in [*function.params.posonly_params, *function.params.params,
+                                             *function.params.kwonly_params]}
+            via_parameter = isinstance(loop, (cst.For, cst.CompFor)) and any(
+                isinstance(inner, cst.Name) and inner.value in params for inner in iterated_expressions(loop.iter))
             # the function iterating the loader is itself called inside a loop (one level)
             for site in self.calls:
                 func = site.func

@@ -142,6 +142,17 @@ class ManualAttention(Rule):
                 return p @ v, p
             """
         ),
+        Valid(  # the weights are appended to the returned outputs (Hugging Face style)
+            """
+            import torch
+            def attention(q, k, v, output_attentions=False):
+                weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+                outputs = (weights @ v,)
+                if output_attentions:
+                    outputs = outputs + (weights,)
+                return outputs
+            """
+        ),
         Valid(  # the weights are stored on the module, collected in a list, or returned in a container
             """
             import torch
@@ -1382,6 +1393,9 @@ def _carries(node: cst.BaseExpression, carriers: set[str]) -> bool:
                    or isinstance(e, cst.DictElement) and _carries(e.value, carriers) for e in node.elements)
     if isinstance(node, cst.IfExp):
         return _carries(node.body, carriers) or _carries(node.orelse, carriers)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add) and any(
+            isinstance(side, (cst.Tuple, cst.List)) for side in (node.left, node.right)):
+        return _carries(node.left, carriers) or _carries(node.right, carriers)  # `outputs + (weights,)`
     if isinstance(node, cst.Subscript):
         return _carries(node.value, carriers)
     if isinstance(node, (cst.StarredElement,)):
