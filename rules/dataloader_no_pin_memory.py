@@ -227,6 +227,16 @@ class DataloaderNoPinMemory(Rule):
             model.cuda()
             """,
         ),
+        Invalid(  # tensors returned by a function defined elsewhere: reported, but no fix (they may be on the GPU)
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            from features import extract_features
+            feats, labels = extract_features(model, dataset, gather_on_cpu=False)
+            loader = DataLoader(TensorDataset(feats, labels), batch_size=256)
+            model.cuda()
+            """
+        ),
         Invalid(  # a collate function we cannot see: reported, but no fix (it may return CUDA tensors)
             """
             import torch
@@ -262,6 +272,10 @@ class DataloaderNoPinMemory(Rule):
             return
         collate = loader_arg(node, "collate_fn")
         note = None
+        unseen = self._unseen_tensor_source(dataset.value) if dataset is not None else None
+        if unseen is not None:
+            note = (f"the dataset's tensors come from `{unseen}(...)`, which is not visible here: if it returns CUDA "
+                    "tensors, `pin_memory=True` raises")
         if collate is not None:
             if self._yields_cuda(collate.value):
                 return
@@ -355,6 +369,22 @@ class DataloaderNoPinMemory(Rule):
                     return True
             return self._function_moves_to_device(node.attr.value)
         return False
+
+    def _unseen_tensor_source(self, node: cst.BaseExpression) -> str | None:
+        """`TensorDataset(feats, labels)` where `feats, labels = extract_features(...)` is unpacked from a call
+        whose definition is not in this file: the name of that call."""
+        if not isinstance(node, cst.Call) or (dotted_name(node.func) or "").rsplit(".", 1)[-1] != "TensorDataset":
+            return None
+        flow = LoaderFlow.of(self.ctx.analysis)
+        for arg in node.args:
+            if not isinstance(arg.value, cst.Name):
+                continue
+            for binding in self.ctx.analysis.bindings_of(arg.value.value, self.ctx.ancestors):
+                value = binding.value
+                if binding.kind is BindingKind.UNPACK and isinstance(value, cst.Call) \
+                        and tuple_element(self.ctx, value, binding.path[0] if binding.path else 0, flow) is None:
+                    return dotted_name(value.func) or "a call"
+        return None
 
     def _function_moves_to_device(self, name: str) -> bool:
         """A collate function defined in this file or elsewhere in the program that moves data to the GPU."""
