@@ -10,6 +10,7 @@ from gpulint.analysis import (_NON_TENSOR_CALLS, _NON_TENSOR_METHODS, _NUMPY_PRE
                               _TENSOR_ONLY_METHODS, TENSOR_FACTORIES, BindingKind, dotted_name, iter_calls,
                               method_name)
 from gpulint.rule import RuleContext
+from gpulint.rules.host_sync_in_hot_loop import Placement
 
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the bool-mask rules (GPU001-GPU003) and the tensor-branch / dynamic-shape rules
@@ -574,6 +575,17 @@ class BoolMaskIndexRead(Rule):
                     return x.masked_fill(~(m > 0), 0).sum()
             """
         ),
+        Valid(  # a mask made on the CPU, and a selection of host data copied to the GPU afterwards
+            """
+            import torch
+            class Quantizer(torch.nn.Module):
+                def forward(self, x, codes, targets, keep):
+                    dropped = torch.randn(x.shape[0]).argsort() < keep
+                    kept = x[dropped]
+                    labels = targets.view(-1)[targets.view(-1) > 0].long().cuda()
+                    return kept, labels
+            """
+        ),
         Valid(  # NumPy rollout buffer in an RL update loop
             """
             import numpy as np
@@ -633,7 +645,7 @@ class BoolMaskIndexRead(Rule):
             Confidence.HIGH if tensor_verdict(self.ctx, mask) else None)
         if confidence is None:
             return
-        if mask_site_evidence(self.ctx, node.args[0].value, mask) is None:
+        if mask_site_evidence(self.ctx, node.args[0].value, mask) is None or Placement(self.ctx).built_on_host(mask):
             return
         if self._sink(node):
             return
@@ -650,6 +662,8 @@ class BoolMaskIndexRead(Rule):
         if mask_site_evidence(self.ctx, subscript.value, layout.mask,
                               consumed_as_tensor(self.ctx, subscript)) is None:
             return
+        if Placement(self.ctx).built_on_host(layout.mask):
+            return  # a mask made on the CPU is resolved on the CPU: no GPU sync (measured on an H200)
         if self._sink(subscript) or self._gpu002_value(subscript):
             return
         self.report(report_node, severity=self._severity())
@@ -682,8 +696,8 @@ class BoolMaskIndexRead(Rule):
                 child = parent
                 continue
             if isinstance(parent, cst.Call) and parent.func is child:
-                if method_name(parent) in _SINK_METHODS:
-                    return True
+                if method_name(parent) in _SINK_METHODS or method_name(parent) == "cuda":
+                    return True  # `.cuda()` on the selection: the code selects host data, then copies it
                 child = parent
                 continue
             if isinstance(parent, cst.Arg):

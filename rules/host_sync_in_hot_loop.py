@@ -38,7 +38,7 @@ _TENSOR_METHODS = {
     "count_nonzero", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "requires_grad_", "detach_",
     "add_", "mul_", "sub_", "div_", "copy_", "zero_", "fill_", "clamp_", "data_ptr_", "float_power", "median",
     "mode", "kthvalue", "quantile", "dot", "outer", "diag", "diagonal", "trace", "tril", "triu", "flip", "roll",
-    "to_dense", "sum_to_size", "lerp", "exp_", "abs_", "masked_fill_",
+    "to_dense", "sum_to_size", "lerp", "exp_", "abs_", "masked_fill_", "argsort",
 }
 # In-place random fills: the result is the receiver, wherever it lives (`torch.empty(1).uniform_(a, b)`).
 _FILL_METHODS = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
@@ -53,6 +53,7 @@ _NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "a
                  "trace", "dot", "sort", "view", "copy", "fill", "nonzero", "astype", "T", "mean"}
 # Of those, the ones `nn.Module` shares (`model.half()`, `net.requires_grad_(False)`): not evidence either.
 _MODULE_SHARED = {"float", "double", "half", "bfloat16", "requires_grad_"}
+_VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _TORCH_NON_TENSOR_FUNCS = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled",
                            "get_default_dtype", "device", "Size", "finfo", "iinfo", "manual_seed", "save", "load",
                            "compile", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
@@ -189,6 +190,8 @@ class Placement:
             return self.built_on_host(node.expression, depth + 1)
         if isinstance(node, cst.BinaryOperation):
             return self._host_operands([node.left, node.right], depth)
+        if isinstance(node, cst.Comparison):
+            return self._host_operands([node.left, *(c.comparator for c in node.comparisons)], depth)
         if isinstance(node, cst.Name):
             bindings = self.reaching(node.value)
             return bool(bindings) and all(b.kind is BindingKind.ASSIGN and self.built_on_host(b.value, depth + 1)
@@ -196,6 +199,8 @@ class Placement:
         if not isinstance(node, cst.Call):
             return False
         qual = self.ctx.qualname(node.func) or ""
+        if qual in _VARIABLE and node.args:
+            return self.built_on_host(node.args[0].value, depth + 1)
         if qual.startswith("torch."):
             last = qual.rsplit(".", 1)[-1]
             if call_arg(node, "device") is not None or qual.count(".") != 1:
@@ -352,6 +357,8 @@ class Placement:
             return NONTENSOR
         if qual == "typing.cast" and len(node.args) == 2:
             return self.of(node.args[1].value, depth + 1, before)
+        if qual in _VARIABLE and node.args:  # the legacy wrapper returns its tensor
+            return self.of(node.args[0].value, depth + 1, before)
         if qual.startswith("torch."):
             return self._torch_call(node, qual, depth, before)
         if name is not None and isinstance(node.func, cst.Attribute):
@@ -939,6 +946,24 @@ class HostSyncInHotLoop(Rule):
                 snapshots.append(snapshot.cpu())
             """
         ),
+        Valid(  # an evaluation result copied out to be saved; CPU tensors in the legacy Variable wrapper
+            """
+            import torch
+            from torch.autograd import Variable
+            model = get_model().cuda().eval()
+            with torch.no_grad():
+                for i, batch in enumerate(test_loader):
+                    restored = model(batch.cuda()).clamp(0, 1).cpu().numpy()
+                    save_image(f"{i}.png", restored)
+            x = Variable(torch.randn(64, 1000))
+            w = Variable(torch.randn(1000, 10), requires_grad=True)
+            for t in range(500):
+                loss = x.mm(w).pow(2).sum()
+                print("loss", loss.data)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # a test's assertion is its purpose
             """
             import torch
@@ -1020,6 +1045,7 @@ class HostSyncInHotLoop(Rule):
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__(ctx)
         self._enabled = has_cuda_evidence(ctx)
+        self._reported_statements: set[int] = set()
 
     # -- where are we ------------------------------------------------------------------------
 
@@ -1085,6 +1111,12 @@ class HostSyncInHotLoop(Rule):
         return False
 
     def _emit(self, node: cst.CSTNode, what: str, severity: Severity) -> None:
+        statement = next((n for n in reversed(self.ctx.ancestors)
+                          if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement))), None)
+        if statement is not None:
+            if id(statement) in self._reported_statements:
+                return  # one finding per statement: after its first read the GPU is idle, the rest are cheap
+            self._reported_statements.add(id(statement))
         if severity is Severity.WARNING and self._feeds_environment():
             self.report(node, f"{what} feeds a host-side environment: a GPU sync every environment step; for "
                               "small policies consider acting on the CPU, or a GPU-vectorised environment",
@@ -1135,6 +1167,8 @@ class HostSyncInHotLoop(Rule):
             return
         placement = Placement(self.ctx)
         for report_node, value, what in candidates:  # type: ignore[misc]
+            if severity is Severity.INFO and report_node is node and name in ("cpu", "to", "numpy"):
+                continue  # an evaluation result copied out to be saved or scored: the copy is the output
             if placement.may_be_on_device(value) and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
 

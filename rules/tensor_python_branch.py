@@ -5,7 +5,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, method_name, walk
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
-from gpulint.rules.host_sync_in_hot_loop import Placement
+from gpulint.rules.host_sync_in_hot_loop import Placement, amortised
 
 # Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
 _TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",
@@ -99,6 +99,18 @@ class TensorPythonBranch(Rule):
                     return x
             """
         ),
+        Valid(  # inside an `if step % N == 0:` block: runs once every N steps
+            """
+            import torch
+            for step, (x, y) in enumerate(loader):
+                loss = model(x.cuda()).mean()
+                loss.backward()
+                optimizer.step()
+                if step % 100 == 0:
+                    if torch.isnan(loss):
+                        print("nan at", step)
+            """
+        ),
         Valid(  # early-exit inference: reading the test decides whether the next layer runs at all
             """
             import torch
@@ -184,7 +196,8 @@ class TensorPythonBranch(Rule):
         self._test(node, value_position=True)
 
     def _test(self, test: cst.BaseExpression, value_position: bool = False) -> None:
-        if not self.ctx.in_hot_region() or self.ctx.in_test_code() or self._in_early_exit_loop():
+        if not self.ctx.in_hot_region() or amortised(self.ctx) or self.ctx.in_test_code() \
+                or self._in_early_exit_loop():
             return
         operands = _operands(test)
         if value_position and not _negated_last(test):
