@@ -7,8 +7,10 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-# `torch==1.7.0` (requirements, setup.py, pyproject), `torch<2.1`, `torch~=2.0`, conda's `pytorch=1.7.0`
-_PIN = re.compile(r"""(?:^|[\s"'\[,(])(?:py)?torch(?:\[[^\]]*\])?\s*(==|<=|~=|=|<)\s*v?(\d+)\.(\d+)""", re.M)
+# The version spec after a torch requirement: `torch==1.7.0`, `torch>=1.10,<1.13` (requirements, setup.py,
+# PEP 621), conda's `pytorch=1.7.0`, Poetry's `torch = ">=1.10.1, < 1.13.0"`.
+_REQUIREMENT = re.compile(r"""(?:^|[\s"'\[,(])(?:py)?torch(?:\[[^\]]*\])?\s*(?:=\s*["'])?([<>=~!][^"'\n;#\]]*)""", re.M)
+_UPPER = re.compile(r"(==|<=|~=|<|(?<![<>=!~])=)\s*v?(\d+)\.(\d+)")
 _FILES = ("pyproject.toml", "setup.py", "setup.cfg", "environment.yml", "environment.yaml")
 _PARENTS = 6  # how far up from a file to look, stopping at a repository root
 
@@ -25,9 +27,10 @@ def _upper_bounds(directory: str) -> tuple[tuple[int, int], ...]:
                 text = file.read_text(encoding="utf-8", errors="replace") if file.is_file() else ""
             except OSError:
                 continue
-            for op, major, minor in _PIN.findall(text):
-                version = (int(major), int(minor))
-                bounds.append(version if op != "<" else (version[0], version[1] - 1))
+            for spec in _REQUIREMENT.findall(text):
+                for op, major, minor in _UPPER.findall(spec):
+                    version = (int(major), int(minor))
+                    bounds.append(version if op != "<" else (version[0], version[1] - 1))
         if (current / ".git").exists() or current.parent == current:
             break
         current = current.parent

@@ -4,6 +4,7 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, method_name, walk
+from gpulint.pins import torch_pinned_below
 from gpulint.rules.dataloader_sync_loading import (
     LoaderFlow,
     add_keyword,
@@ -181,6 +182,8 @@ class DataloaderNoPersistentWorkers(Rule):
             return
         if loader_arg(node, "persistent_workers") is not None or loader_arg(node, "worker_init_fn") is not None:
             return
+        if torch_pinned_below(self.ctx.path, (1, 7)):
+            return  # `persistent_workers` arrived in torch 1.7
         flow = LoaderFlow.of(self.ctx.analysis)
         epoch_loop = flow.iterated_per_epoch(node)
         if epoch_loop is None or _changes_dataset(epoch_loop, node):

@@ -365,8 +365,8 @@ class LoaderFlow(PerFileFacts):
                         not a.star and self._is_carrier(a.value, carriers) for a in site.args)):
                     continue
                 outer = self._outer_loop(site)
-                if outer is not None and not self._inside(call, outer):
-                    return outer
+                if outer is not None and not self._inside(call, outer) and not self._inside(call, function):
+                    return outer  # (a loader the function builds itself is used once per call)
         return None
 
     def _inside(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:

@@ -5,6 +5,7 @@ import libcst as cst
 from gpulint import Confidence, HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, dotted_name, method_name, walk
 from gpulint.network_size import network_size
+from gpulint.pins import torch_pinned_below
 from gpulint.rule import is_test_path
 from gpulint.rules.tf32_not_enabled import FP64, LOW_PRECISION, _CUDA_TEXT, related_texts
 
@@ -207,8 +208,8 @@ class NoAutocast(Rule):
     # -------------------------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        if not self._regions or is_test_path(self.ctx.path):
-            return
+        if not self._regions or is_test_path(self.ctx.path) or torch_pinned_below(self.ctx.path, (1, 10)):
+            return  # `torch.autocast` and bf16 autocast arrived in torch 1.10
         self._half_with_autocast()
         texts = related_texts(self.ctx)
         joined = list(texts.values())

@@ -23,6 +23,8 @@ _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64
 _CUDA_TEXT = re.compile(
     r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|\btorch\.accelerator\.|["']nccl["']""")
 _SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
+_GRAD_SCALER = re.compile(r"\bGradScaler\b")
+_XLA = re.compile(r"\btorch_xla\b")
 # Modules built on the device without a visible move: a default-device context or setting.
 _DEFAULT_DEVICE = re.compile(r"set_default_device\(|with\s+torch\.device\(|device_map\s*=")
 # Wrappers that put a module's parameters on a device (or shard them there).
@@ -62,9 +64,11 @@ class OptimizerNotFused(Rule):
     (AdamW, 50 steps). `fused=True` raises for complex parameters, sparse gradients, and together with
     `foreach=True` or `differentiable=True`; the rule does not fire when any of `fused=`, `foreach=`,
     `differentiable=` or `capturable=` is given, nor in test files (which may compare parameters bitwise with
-    a reference run), and offers no fix where the program creates complex parameters. Torch before 2.4 lacks fused
-    SGD (check the version you pin), and there `fused=True` also raises at construction when the parameters are
-    still on the CPU, so build the optimizer after moving the model. The rule does not fire when the
+    a reference run), and offers no fix where the program creates complex parameters or also runs on XLA.
+    Projects whose requirement files pin a torch without `fused=` for that optimizer (Adam/AdamW before 2.0,
+    SGD before 2.2) get no finding; plain SGD without momentum is already one kernel and is not reported.
+    Before torch 2.4 `fused=True` raises at construction when the parameters are still on the CPU: a model
+    moved after the optimizer is built gets the finding without a fix. The rule does not fire when the
     optimizer's parameters come from `X.parameters()` of a module `X` built in the same scope (a `torch.nn`
     layer or a class or factory of this file) that is never moved to a device (`.cuda()`, `.to(device)`,
     `device=`, DDP/FSDP) nor handed to code that could move it: that optimizer runs on the CPU.
@@ -79,6 +83,13 @@ class OptimizerNotFused(Rule):
     priority = "P2"
     triggers = ("Adam", "SGD")
     examples = [
+        Valid(  # plain SGD (no momentum): already one kernel per step, fused gains nothing measurable
+            """
+            import torch
+            model = Net().cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            """
+        ),
         Valid(
             """
             import torch
@@ -219,6 +230,12 @@ class OptimizerNotFused(Rule):
             return  # the parameters belong to a module built here that never goes to a device
         if qualified == "torch.optim.SGD" and program.search(_SPARSE_GRADS):
             return  # sparse embeddings: fused raises on sparse gradients
+        if qualified == "torch.optim.SGD" and _no_momentum(node) and not program.search(_GRAD_SCALER):
+            return  # plain SGD is already one foreach kernel: fused measured 0.94x-1.6x on an H100
+        if program.search(_XLA):
+            self.report(node, note="the program also runs on XLA devices, where `fused=True` raises; pass it "
+                                   "only on CUDA")
+            return
         if program.search(_COMPLEX_PARAMETER):
             self.report(node, note="the program has complex parameters: `fused=True` raises for them")
             return
@@ -227,6 +244,13 @@ class OptimizerNotFused(Rule):
                                    "`fused=True` raises for CPU parameters; build the optimizer after the move")
             return
         self.report(node, replacement=add_keyword(node, "fused", "True"))
+
+
+def _no_momentum(call: cst.Call) -> bool:
+    """`SGD(params, lr)` without momentum (absent or a literal 0)."""
+    momentum = call_arg(call, "momentum", 2)
+    return momentum is None or (isinstance(momentum.value, (cst.Integer, cst.Float))
+                                and float(momentum.value.evaluated_value) == 0.0)
 
 
 def _moved_after(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext

@@ -11,6 +11,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import network_size
+from gpulint.pins import torch_pinned_below
 from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
@@ -577,8 +578,8 @@ class Tf32NotEnabled(Rule):
     def finish(self) -> None:
         ctx = self.ctx
         anchor = training_entry_anchor(ctx)
-        if anchor is None or is_test_path(ctx.path):
-            return
+        if anchor is None or is_test_path(ctx.path) or torch_pinned_below(ctx.path, (1, 12)):
+            return  # `set_float32_matmul_precision` arrived in torch 1.12
         texts = related_texts(ctx)
         joined = list(texts.values())
         if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence

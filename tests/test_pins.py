@@ -16,6 +16,8 @@ from gpulint.registry import rule_by_code
     ("setup.py", 'setup(install_requires=["numpy", "torch==1.7.0"])\n', True, True),
     ("environment.yml", "dependencies:\n  - python=3.8\n  - pytorch=1.7.0\n", True, True),
     ("pyproject.toml", 'dependencies = ["torch>=2.0"]\n', False, False),  # a lower bound pins nothing
+    ("pyproject.toml", '[tool.poetry.dependencies]\ntorch = ">=1.10.1, < 1.13.0"\n', True, True),
+    ("requirements.txt", "torch>=1.8,<2.1; python_version >= '3.8'\n", True, False),
     ("requirements.txt", "torchvision==0.8.0\n", False, False),
 ])
 def test_pins_are_read_from_requirement_files(tmp_path: Path, name, text, below_2_1, below_2_0):
