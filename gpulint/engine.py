@@ -28,6 +28,9 @@ class ProgramFacts:
     module_classes: set[str] = field(default_factory=set)
     sources: dict[str, str] = field(default_factory=dict)  # path -> text of every file in the run
     searched: bool = False  # set when a rule looked at other files (the result then depends on the program)
+    # the sources do not change during a run: each pattern is searched once, not once per call site
+    _found: dict[tuple[str, int], list[tuple[str, re.Match[str]]]] = field(default_factory=dict, repr=False,
+                                                                           compare=False)
 
     def summary(self) -> tuple:
         """The facts every rule may see (cache key)."""
@@ -37,7 +40,11 @@ class ProgramFacts:
         """Matches of a regex in all files of the program (program-level rules: TF32 set elsewhere, ...)."""
         self.searched = True
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
-        return [(path, match) for path, text in self.sources.items() for match in regex.finditer(text)]
+        key = (regex.pattern, regex.flags)
+        if key not in self._found:
+            self._found[key] = [(path, match) for path, text in self.sources.items()
+                                for match in regex.finditer(text)]
+        return self._found[key]
 
     @classmethod
     def of_single_file(cls, path: str, text: str, analysis: FileAnalysis) -> "ProgramFacts":
