@@ -17,6 +17,8 @@ _CUSTOM_KERNELS = re.compile(r"cpp_extension|load_inline|\btriton\b|torch\.ops\.
 # step 0.80x as fast on an H100)
 _RL = re.compile(r"^\s*(import|from)\s+(gym|gymnasium|envpool|pettingzoo|procgen|isaacgym|isaacgymenvs|dm_control|"
                  r"stable_baselines3|sb3_contrib|minigrid|ale_py|brax|mujoco|pybullet_envs)\b", re.M)
+# raise "unsafe to autocast" inside a CUDA autocast region
+_AUTOCAST_UNSAFE_LOSS = re.compile(r"\bBCELoss\(|\bbinary_cross_entropy\(")
 _FRAMEWORK_BACKWARD = re.compile(r"accelerator|fabric|engine|trainer|manual_backward|strategy", re.I)
 _MODEL_NAME = re.compile(
     r"model|net|policy|actor|critic|encoder|decoder|generator|discriminator|backbone|classifier|transformer|"
@@ -162,6 +164,18 @@ class NoAutocast(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # BCELoss raises inside an autocast region: reported without a fix
+            """
+            import torch.nn as nn
+            model = torchvision.models.resnet50().cuda()
+            bce = nn.BCELoss()
+            for x, y in loader:
+                out = model(x.cuda()).sigmoid()
+                loss = bce(out, y.cuda())
+                loss.backward()
+                optimizer.step()
+            """
+        ),
     ]
     # CPU proxy of the catalog check: bf16 autocast on the snippet's device (`device` is set by the verifier).
     micro_check = MicroCheck(
@@ -278,6 +292,10 @@ class NoAutocast(Rule):
                     first_statement = candidate
         if not ok or first_statement is None:
             self.report(_statement_of(backwards[0], parents, region) or backwards[0])
+            return
+        if _AUTOCAST_UNSAFE_LOSS.search(self.ctx.module.code):  # built anywhere in the file, called here
+            self.report(first_statement, note="`BCELoss` / `binary_cross_entropy` raise under autocast: switch to "
+                                              "`BCEWithLogitsLoss` on logits, then wrap the step")
             return
         autocast, imports_a = self.ctx.spell("torch.autocast")
         bf16, imports_b = self.ctx.spell("torch.bfloat16")
