@@ -11,6 +11,8 @@ from functools import lru_cache
 _BIG_MODEL = re.compile(
     r"torchvision\.models|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|timm\.create_model|from_pretrained\(|"
     r"\bAutoModel|\bresnet\d+\(|\bvit_\w+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
+# of those, convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
+_BIG_CNN = re.compile(r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
 _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
     r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
@@ -49,8 +51,8 @@ def _const_int(node: ast.AST) -> int | None:
 
 
 @lru_cache(maxsize=4096)
-def _widths(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(literal widths of nn layers, literal values of width-named settings) in one file."""
+def _widths(text: str) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
+    """((layer class, literal width) of nn layers, literal values of width-named settings) in one file."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -72,7 +74,7 @@ def _widths(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
                     dims.append(width)
             if dims:
                 # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer
-                layers.append(min(dims) if name in _TWO_SIDED else max(dims))
+                layers.append((name, min(dims) if name in _TWO_SIDED else max(dims)))
             if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
                     and isinstance(node.args[0].value, str) \
                     and _WIDTH_NAME.match(node.args[0].value.lstrip("-").replace("-", "_")):
@@ -101,15 +103,19 @@ def _widths(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(layers), tuple(settings)
 
 
-def network_size(texts: dict[str, str]) -> str | None:
+def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | None:
     """"large" (a width above SMALL_WIDTH, or a well-known large model), "small" (widths are written and all
-    are at most SMALL_WIDTH), or None (nothing shows)."""
-    if any(_BIG_MODEL.search(text) for text in texts.values()):
-        return "large"
-    seen = False
+    are at most SMALL_WIDTH), or None (nothing shows). With `matmul_only`, convolutions do not count (for
+    TF32, which cuDNN convolutions already use): a network of convolutions alone is "small"."""
+    for text in texts.values():
+        model = _BIG_MODEL.search(text)
+        if model and not (matmul_only and _BIG_CNN.fullmatch(model.group())):
+            return "large"
+    seen = matmul_only and any(_BIG_CNN.search(text) for text in texts.values())
     for text in texts.values():
         layers, settings = _widths(text)
-        if any(w > SMALL_WIDTH for w in (*layers, *settings)):
+        widths = [w for name, w in layers if not (matmul_only and name.startswith(("Conv", "LazyConv")))]
+        if any(w > SMALL_WIDTH for w in (*widths, *settings)):
             return "large"
         seen = seen or bool(layers or settings)
     return "small" if seen else None

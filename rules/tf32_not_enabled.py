@@ -474,6 +474,16 @@ class Tf32NotEnabled(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # a network of convolutions only: cuDNN already runs them in TF32
+            """
+            import torch
+            from torch import nn
+            model = nn.Sequential(nn.Conv2d(3, 512, 3), nn.ReLU(), nn.Conv2d(512, 512, 3)).cuda()
+            for x, y in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # mixed precision already in effect
             """
             import torch
@@ -588,7 +598,7 @@ class Tf32NotEnabled(Rule):
         for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
             if any(pattern.search(text) for text in joined):
                 return
-        if network_size(texts) == "small":
+        if network_size(texts, matmul_only=True) == "small":
             return  # every GEMM is small (and RNNs/convs already use TF32 through cuDNN): nothing to gain
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
