@@ -243,6 +243,17 @@ class RuleContext:
                 return node
         return None
 
+    def targets_cuda(self) -> bool:
+        """CUDA (or maybe-CUDA) evidence in the file or in the program. A file that picks another accelerator
+        itself (it imports torch_xla) and shows no CUDA of its own does not borrow its siblings' evidence."""
+        analysis, program = self.analysis, self.program
+        if analysis.cuda_evidence or analysis.maybe_cuda_evidence:
+            return True
+        if any(target.split(".")[0] == "torch_xla" for target in analysis.aliases.values()):
+            return False
+        return program.cuda_evidence or program.maybe_cuda_evidence or \
+            "torch.accelerator" in program.sources.get(self.path, "")
+
     def in_test_code(self) -> bool:
         """Inside a test: a function named `test_*`, or a test-named file that imports pytest or unittest.
         A `*_test.py` training script that imports neither is not test code."""

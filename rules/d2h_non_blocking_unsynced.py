@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, NONTENSOR, TENSOR, Placement, has_cuda_evidence
+from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, NONTENSOR, TENSOR, Placement
 
 # Uses of the host tensor that only look at metadata or hand it back to the GPU (ordered on the same stream).
 _METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "is_leaf", "names"}
@@ -113,7 +113,7 @@ class D2hNonBlockingUnsynced(Rule):
 
     def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
         super().__init__(ctx)
-        self._enabled = has_cuda_evidence(ctx)
+        self._enabled = ctx.targets_cuda()
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self._enabled or not isinstance(node.func, cst.Attribute):

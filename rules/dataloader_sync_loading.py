@@ -54,7 +54,7 @@ def checkable_loader_call(ctx, call: cst.Call) -> bool:
     """A DataLoader construction the loader rules judge: in CUDA code, outside tests, and without
     `*args`/`**kwargs` that may already set the option in question."""
     return is_dataloader_call(ctx.analysis, call) and not has_star_args(call) and not is_test_path(ctx.path) \
-        and has_cuda_evidence(ctx)
+        and ctx.targets_cuda()
 
 
 def iterated_expressions(node: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -601,6 +601,16 @@ def expression_facts(ctx, node: cst.BaseExpression, flow: LoaderFlow, depth: int
     return facts
 
 
+def dataset_class(ctx, node: cst.BaseExpression, flow: LoaderFlow) -> str | None:
+    """The class a dataset expression is built from (`MNIST` for `ds = datasets.MNIST(...)`), if visible."""
+    expr = _resolve(ctx, node, flow)
+    while isinstance(expr, cst.Subscript):
+        expr = _resolve(ctx, expr.value, flow)
+    if not isinstance(expr, cst.Call):
+        return None
+    return (dotted_name(expr.func) or "").rsplit(".", 1)[-1] or None
+
+
 def _facts_from_class(bases: str, body: str, facts: DatasetFacts) -> None:
     if _ITERABLE_BASE.search(bases) or (re.search(r"def\s+__iter__\s*\(", body)
                                         and not re.search(r"def\s+__getitem__\s*\(", body)):
@@ -634,15 +644,6 @@ def _cuda_expr(ctx, node: cst.BaseExpression, flow: LoaderFlow) -> bool:
                         evidence.device_of(arg.value) is not Device.CPU:
                     return True
     return False
-
-
-def has_cuda_evidence(ctx) -> bool:
-    """CUDA or maybe-CUDA evidence in the file or the program; `torch.accelerator` counts as maybe-CUDA."""
-    if ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence or ctx.program.cuda_evidence \
-            or ctx.program.maybe_cuda_evidence:
-        return True
-    source = ctx.program.sources.get(ctx.path, "")
-    return "torch.accelerator" in source
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ class FactoryThenMove(Rule):
             """
             import torch
             start = torch.zeros(1, 1).to(device)
+            scalar = torch.ones([]).to(device)
             scale = torch.full((4,), 0.5).cuda()
             """
         ),
@@ -284,6 +285,8 @@ def _literal_numel(factory: cst.Call, kind: str) -> int | None:
         return None
     if len(dims) == 1 and isinstance(dims[0], (cst.Tuple, cst.List)):
         dims = [e.value for e in dims[0].elements]
+        if not dims:
+            return 1  # `torch.ones([])`: a 0-d tensor
     if not dims or not all(isinstance(d, cst.Integer) for d in dims):
         return None
     numel = 1

@@ -15,7 +15,6 @@ from gpulint.rules.host_sync_in_hot_loop import (
     Placement,
     amortised,
     collective_only,
-    has_cuda_evidence,
 )
 
 _FROM_HOST = {"from_numpy"}
@@ -161,7 +160,7 @@ class HostDataToDevicePerStep(Rule):
 
     def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
         super().__init__(ctx)
-        self._enabled = has_cuda_evidence(ctx)
+        self._enabled = ctx.targets_cuda()
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self._enabled or any(arg.star for arg in node.args):
@@ -200,8 +199,8 @@ class HostDataToDevicePerStep(Rule):
         if source is not node and not constant and call_arg(node, "non_blocking") is None \
                 and self.ctx.evidence.is_cpu_source(node.func.value):  # type: ignore[attr-defined]
             return  # GPU011 reports this blocking copy with its fix; this rule's advice follows once it is fixed
-        if constant and not isinstance(data, (cst.List, cst.Tuple)):
-            self.report(node, "Scalar constant built on the host and copied to the GPU every step: "
+        if constant and not isinstance(data, (cst.List, cst.Tuple)) or data is not None and _python_scalar(data):
+            self.report(node, "Python scalar built into a tensor on the host and copied to the GPU every step: "
                               "`torch.full((), value, device=...)` makes it on the GPU without a copy")
             return
         if constant:
@@ -255,3 +254,14 @@ class HostDataToDevicePerStep(Rule):
         if kind in (HOST, TENSOR):
             return False
         return bool(_DEVICE_NAME.search(dotted_name(node) or ""))
+
+
+def _python_scalar(node: cst.BaseExpression) -> bool:
+    """A size read from a tensor or a container: `x.shape[-2]`, `x.size(0)`, `len(batch)`."""
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
+        return node.value.attr.value == "shape"
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Name):
+            return node.func.value == "len"
+        return method_name(node) in ("size", "numel", "dim")
+    return False

@@ -800,10 +800,6 @@ def collective_read_back(ctx: RuleContext, value: cst.BaseExpression) -> bool:
     return collective_only(ctx, value.value)
 
 
-def has_cuda_evidence(ctx: RuleContext) -> bool:
-    return ctx.program.cuda_evidence or ctx.program.maybe_cuda_evidence
-
-
 # ---------------------------------------------------------------------------------------------
 
 _LOG_RECEIVERS = re.compile(r"^(logging|logger|log|_logger|LOGGER|_LOGGER|LOG)$")
@@ -1044,7 +1040,7 @@ class HostSyncInHotLoop(Rule):
 
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__(ctx)
-        self._enabled = has_cuda_evidence(ctx)
+        self._enabled = ctx.targets_cuda()
         self._reported_statements: set[int] = set()
 
     # -- where are we ------------------------------------------------------------------------
