@@ -249,10 +249,13 @@ class RuleContext:
         analysis, program = self.analysis, self.program
         if analysis.cuda_evidence or analysis.maybe_cuda_evidence:
             return True
-        if any(target.split(".")[0] == "torch_xla" for target in analysis.aliases.values()):
+        if self.imports_xla():
             return False
         return program.cuda_evidence or program.maybe_cuda_evidence or \
             "torch.accelerator" in program.sources.get(self.path, "")
+
+    def imports_xla(self) -> bool:
+        return any(target.split(".")[0] == "torch_xla" for target in self.analysis.aliases.values())
 
     def in_test_code(self) -> bool:
         """Inside a test: a function named `test_*`, or a test-named file that imports pytest or unittest.
