@@ -9,6 +9,7 @@ and compiles, every file without a fix is byte-identical, and a second fix run c
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import shutil
@@ -66,8 +67,13 @@ def check_tree(source: Path) -> list[str]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directories", nargs="+", metavar="DIR", help="a code base to check and fix (a copy is used)")
+    args = parser.parse_args()
     failures = 0
-    for directory in sys.argv[1:]:
+    for directory in args.directories:
+        if not Path(directory).is_dir():
+            parser.error(f"not a directory: {directory}")
         for problem in check_tree(Path(directory).resolve()):
             failures += 1
             print(f"  {problem}")

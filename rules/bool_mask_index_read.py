@@ -10,7 +10,7 @@ from gpulint.analysis import (_NON_TENSOR_CALLS, _NON_TENSOR_METHODS, _NUMPY_PRE
                               _TENSOR_ONLY_METHODS, TENSOR_FACTORIES, BindingKind, dotted_name, iter_calls,
                               method_name)
 from gpulint.rule import RuleContext
-from gpulint.rules.host_sync_in_hot_loop import Placement
+from gpulint.rules.host_sync_in_hot_loop import Placement, after_init_once_guard
 
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the bool-mask rules (GPU001-GPU003) and the tensor-branch / dynamic-shape rules
@@ -575,6 +575,21 @@ class BoolMaskIndexRead(Rule):
                     return x.masked_fill(~(m > 0), 0).sum()
             """
         ),
+        Valid(  # lazy initialisation below `if self.initted: return`: runs once per training run
+            """
+            import torch
+            class Codebook(torch.nn.Module):
+                def init_embed_(self, data, mask):
+                    if self.initted:
+                        return
+                    data = data[mask > 0]
+                    self.embed.data.copy_(data[:4])
+                    self.initted.data.copy_(torch.tensor(True))
+                def forward(self, x, mask):
+                    self.init_embed_(x, mask)
+                    return x @ self.embed.t()
+            """
+        ),
         Valid(  # a mask made on the CPU, and a selection of host data copied to the GPU afterwards
             """
             import torch
@@ -627,7 +642,7 @@ class BoolMaskIndexRead(Rule):
     ]
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if not self.ctx.in_hot_region() or self._is_store(node):
+        if not self.ctx.in_hot_region() or self._is_store(node) or after_init_once_guard(self.ctx):
             return
         self._check(node, node)
 

@@ -604,6 +604,31 @@ def amortised(ctx: RuleContext) -> bool:
     return False
 
 
+def after_init_once_guard(ctx: RuleContext) -> bool:
+    """Below `if self.initted: return` at the top of a function that sets `self.initted` itself (lazy
+    initialisation: `self.initted = ...`, `self.initted.fill_(...)`, `self.initted.data.copy_(...)`): that code
+    runs once per training run, not per step."""
+    fn = ctx.enclosing(cst.FunctionDef)
+    if not isinstance(fn, cst.FunctionDef) or not isinstance(fn.body, cst.IndentedBlock) or not fn.body.body:
+        return False
+    guard = fn.body.body[0]
+    if not isinstance(guard, cst.If) or guard.orelse is not None or not isinstance(guard.body, cst.IndentedBlock) \
+            or not all(isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Return) for x in s.body)
+                       for s in guard.body.body):
+        return False
+    flag = dotted_name(guard.test)
+    if flag is None or not flag.startswith("self.") or any(n is guard for n in ctx.ancestors):
+        return False
+    for node in walk(fn.body):
+        if isinstance(node, cst.AssignTarget) and dotted_name(node.target) == flag:
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in ("copy_", "fill_", "zero_") \
+                and (dotted_name(node.func.value) or "").removesuffix(".data") == flag:
+            return True
+    return False
+
+
 _EXIT_CALLS = {"sys.exit", "os._exit", "os.abort"}
 _EXIT_BUILTINS = {"exit", "quit"}
 _ASSERT_CALLS = {"torch._assert"}
@@ -1049,7 +1074,7 @@ class HostSyncInHotLoop(Rule):
         kind = self.ctx.hot_kind()
         if (kind is not None or self._innermost_loop() is not None) and on_error_path(self.ctx):
             return None  # reporting a failure: runs once, when the run stops
-        if amortised(self.ctx) or self.ctx.in_test_code():
+        if amortised(self.ctx) or self.ctx.in_test_code() or after_init_once_guard(self.ctx):
             return None  # already read every N steps, as the message advises; a test's assertion is its purpose
         loop = self._innermost_loop()
         if kind is not None:

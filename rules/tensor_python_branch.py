@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, method_name, walk
+from gpulint.analysis import BindingKind, dotted_name, method_name, walk
 from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
-from gpulint.rules.host_sync_in_hot_loop import Placement, amortised
+from gpulint.rules.host_sync_in_hot_loop import Placement, after_init_once_guard, amortised
 
 # Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
 _TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",
@@ -97,6 +97,19 @@ class TensorPythonBranch(Rule):
                     if torch.rand(()) <= 0.5 and torch.empty(1).uniform_(0.0, 1.0)[0] > self.p:
                         x = -x
                     return x
+            """
+        ),
+        Valid(  # a latch: once the test succeeds, `or` never evaluates it again
+            """
+            import torch
+            use_queue = False
+            for x in loader:
+                out = model(x.cuda())
+                if use_queue or not torch.all(queue[-1] == 0):
+                    use_queue = True
+                    out = torch.cat((queue @ prototypes, out))
+                out.sum().backward()
+                optimizer.step()
             """
         ),
         Valid(  # inside an `if step % N == 0:` block: runs once every N steps
@@ -197,7 +210,7 @@ class TensorPythonBranch(Rule):
 
     def _test(self, test: cst.BaseExpression, value_position: bool = False) -> None:
         if not self.ctx.in_hot_region() or amortised(self.ctx) or self.ctx.in_test_code() \
-                or self._in_early_exit_loop():
+                or self._in_early_exit_loop() or after_init_once_guard(self.ctx) or self._latched(test):
             return
         operands = _operands(test)
         if value_position and not _negated_last(test):
@@ -208,6 +221,17 @@ class TensorPythonBranch(Rule):
                 kind = self.ctx.hot_kind()
                 severity = Severity.WARNING if self.ctx.is_compiled() or kind is HotKind.COMPILED else Severity.INFO
                 self.report(operand, severity=severity)
+
+    def _latched(self, test: cst.BaseExpression) -> bool:
+        """`if seen or tensor_test: seen = True`: once the test succeeds, `or` never evaluates it again."""
+        statement = self.ctx.ancestors[-1]  # the `if` being visited
+        if not isinstance(statement, cst.If) or statement.test is not test or not isinstance(
+                test, cst.BooleanOperation) or not isinstance(test.operator, cst.Or) \
+                or not isinstance(test.left, cst.Name):
+            return False
+        return any(isinstance(n, cst.Assign) and isinstance(n.value, cst.Name) and n.value.value == "True"
+                   and any(dotted_name(t.target) == test.left.value for t in n.targets)
+                   for n in walk(statement.body))
 
     def _in_early_exit_loop(self) -> bool:
         """Inside a loop that runs layers and may stop early (`break`/`return`), as early-exit inference does
