@@ -249,6 +249,9 @@ TENSOR_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace
                     "cat", "where", "tril", "triu"}
 _STEP_MARKER_FUNCTIONS = {"torch.autograd.backward"}
 _CUDA_AMP_PREFIX = "torch.cuda.amp."
+# `torch.cuda.is_available()` as text evidence, except as GPU010's `pin_memory=torch.cuda.is_available()`:
+# that fix must not turn a file into a CUDA program for the next run
+IS_AVAILABLE_TEXT = r"(?<!pin_memory=)torch\.cuda\.is_available\("
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}
@@ -572,6 +575,11 @@ class _PrePass(cst.CSTVisitor):
         if any(isinstance(part, cst.FormattedStringText) and part.value.startswith("cuda") for part in node.parts[:1]):
             self.a.cuda_evidence = True
 
+    def _pins_if_available(self, call: cst.Call) -> bool:
+        """`pin_memory=torch.cuda.is_available()` (GPU010's fix) says nothing about where the program runs."""
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        return isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "pin_memory"
+
     def visit_Decorator(self, node: cst.Decorator) -> None:
         qual = self.a.qualname(node.decorator)  # `@torch.cuda.amp.custom_fwd` used bare
         if qual is not None and qual.startswith(_CUDA_AMP_PREFIX):
@@ -586,7 +594,7 @@ class _PrePass(cst.CSTVisitor):
             # the deprecated CUDA AMP API targets CUDA as plainly as its `torch.amp.*("cuda")` replacement
             self.a.cuda_evidence = True
         if qual in ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.current_device",
-                    "torch.cuda.set_device"):
+                    "torch.cuda.set_device") and not self._pins_if_available(node):
             self.a.maybe_cuda_evidence = True
         if qual == "torch.compile" and node.args and isinstance(node.args[0].value, cst.Name):
             self.a.compiled_names.add(node.args[0].value.value)

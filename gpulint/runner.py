@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from gpulint.analysis import IS_AVAILABLE_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover
@@ -23,7 +24,7 @@ from gpulint.rule import Rule
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
 
 _CUDA_TEXT = re.compile(r"""["']cuda(?::\d+)?["']|\.cuda\(|f["']cuda""")
-_MAYBE_CUDA_TEXT = re.compile(r"torch\.cuda\.is_available\(")
+_MAYBE_CUDA_TEXT = re.compile(IS_AVAILABLE_TEXT)
 _CLASS_TEXT = re.compile(r"^\s*class\s+(\w+)\s*\(([^)]*)\)", re.M)
 
 

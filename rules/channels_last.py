@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, string_value
+from gpulint.analysis import IS_AVAILABLE_TEXT, call_arg, string_value
 from gpulint.rule import is_test_path
 from gpulint.rules.cudnn_benchmark import program_texts
 
@@ -17,7 +17,7 @@ _TORCHVISION_CNN = re.compile(
     r"\bmodels\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|mnasnet|shufflenet|inception|"
     r"googlenet)\w*\(|\bmodels\.__dict__\[")
 _CHANNELS_LAST = re.compile(r"channels_last")
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|torch\.accelerator\.""")
+_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT + r"""|torch\.accelerator\.""")
 
 
 class ChannelsLast(Rule):

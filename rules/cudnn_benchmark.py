@@ -5,6 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
+from gpulint.analysis import IS_AVAILABLE_TEXT
 from gpulint.rule import is_test_path
 
 _CONV = re.compile(
@@ -20,7 +21,7 @@ _DETERMINISTIC = re.compile(r"\bcudnn\.deterministic\b|use_deterministic_algorit
 # name in timm.)
 _VARIABLE_SHAPES = re.compile(r"\bpad_sequence\(")
 _SEQUENCE_CONV = re.compile(r"\bConv(Transpose)?1d\(|\bconv(_transpose)?1d\(")
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.is_available\(|torch\.accelerator\.""")
+_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT + r"""|torch\.accelerator\.""")
 
 
 class CudnnBenchmark(Rule):

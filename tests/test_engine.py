@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -42,6 +43,19 @@ def test_deprecated_amp_api_is_as_much_cuda_evidence_as_its_replacement(deprecat
     _, before = _analysis("import torch\n" + deprecated)
     _, after = _analysis("import torch\n" + replacement)
     assert before.cuda_evidence and after.cuda_evidence
+
+
+def test_pin_memory_if_available_is_not_cuda_evidence():
+    """GPU010 writes `pin_memory=torch.cuda.is_available()`: if that made the file (or, through the text search,
+    the program) a CUDA program, the next `fix` run would find loaders and optimizers the first run did not."""
+    from gpulint.runner import program_facts
+    from gpulint.source import decode_source
+
+    pinned = "import torch\nloader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n"
+    asked = "import torch\nuse_gpu = torch.cuda.is_available()\n"
+    assert not _analysis(pinned)[1].maybe_cuda_evidence and _analysis(asked)[1].maybe_cuda_evidence
+    facts = [program_facts([("t.py", decode_source(text.encode(), Path("t.py")))]) for text in (pinned, asked)]
+    assert [f.maybe_cuda_evidence for f in facts] == [False, True]
 
 
 def _hot_kinds(code: str) -> dict[str, HotKind]:

@@ -56,6 +56,8 @@ SETUP = [
     "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n",
     "loader = torch.utils.data.DataLoader(ds, batch_size=32)\n",
     "scaler = torch.cuda.amp.GradScaler()\n",
+    "def loaders():\n    return torch.utils.data.DataLoader(ds)\n",  # GPU010's fix adds is_available()
+    "make = lambda d: torch.utils.data.DataLoader(d)\n",
 ]
 
 
