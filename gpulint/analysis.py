@@ -575,6 +575,21 @@ class _PrePass(cst.CSTVisitor):
         if any(isinstance(part, cst.FormattedStringText) and part.value.startswith("cuda") for part in node.parts[:1]):
             self.a.cuda_evidence = True
 
+    def _in_evaluation_branch(self) -> bool:
+        """In the `else:` of `if self.training:` or the body of `if not self.training:` (inference-only code
+        of a forward, such as post-processing), within the current function."""
+        for index in range(len(self.stack) - 2, -1, -1):
+            node = self.stack[index]
+            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            if isinstance(node, cst.If):
+                branch = self.stack[index + 1]
+                negated = isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not)
+                test = node.test.expression if negated else node.test
+                if dotted_name(test) == "self.training" and (branch is node.body) == negated:
+                    return True
+        return False
+
     def _pins_if_available(self, call: cst.Call) -> bool:
         """`pin_memory=torch.cuda.is_available()` (GPU010's fix) says nothing about where the program runs."""
         parent = self.stack[-2] if len(self.stack) > 1 else None
@@ -611,7 +626,8 @@ class _PrePass(cst.CSTVisitor):
             region.called.add(node.func.value)
         elif isinstance(node.func, cst.Attribute):
             region.called.add(node.func.attr.value)
-            if isinstance(node.func.value, cst.Name) and node.func.value.value == "self":
+            if isinstance(node.func.value, cst.Name) and node.func.value.value == "self" \
+                    and not self._in_evaluation_branch():
                 for enclosing in reversed(self.region_stack):  # record on the function, across its loops
                     if enclosing is None:
                         break

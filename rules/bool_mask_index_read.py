@@ -575,6 +575,22 @@ class BoolMaskIndexRead(Rule):
                     return x.masked_fill(~(m > 0), 0).sum()
             """
         ),
+        Valid(  # post-processing reached only from the `else:` of `if self.training:` (inference)
+            """
+            import torch
+            class Segmenter(torch.nn.Module):
+                def forward(self, x, targets=None):
+                    logits = self.head(x)
+                    if self.training:
+                        return torch.nn.functional.cross_entropy(logits, targets)
+                    else:
+                        return self.postprocess(logits)
+                def postprocess(self, logits):
+                    scores, labels = logits.softmax(-1).max(-1)
+                    keep = scores > 0.8
+                    return scores[keep], labels[keep]
+            """
+        ),
         Valid(  # lazy initialisation below `if self.initted: return`: runs once per training run
             """
             import torch

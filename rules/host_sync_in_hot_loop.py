@@ -19,6 +19,8 @@ TENSOR = "tensor"  # a torch tensor whose placement is not known
 
 _NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names",
                      "training", "is_sparse", "itemsize", "nbytes"}
+# PackedSequence.batch_sizes is always a CPU tensor (torch keeps it on the host); the name is used for it
+_PACKED_HOST_FIELDS = {"batch_sizes"}
 _SAME_PLACE_ATTRS = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
 _NON_TENSOR_METHODS = {"size", "dim", "numel", "element_size", "stride", "data_ptr", "get_device", "nelement",
                        "is_contiguous", "is_floating_point", "item", "tolist", "numpy", "keys", "values", "items",
@@ -284,6 +286,8 @@ class Placement:
     # -- pieces --------------------------------------------------------------------------------
 
     def _name(self, node: cst.Name, depth: int, before: int | None) -> str | None:
+        if node.value in _PACKED_HOST_FIELDS:
+            return HOST
         bindings = self.reaching(node.value, before)
         if not bindings:
             return None
@@ -334,6 +338,8 @@ class Placement:
         attr = node.attr.value
         if attr in _NON_TENSOR_ATTRS:
             return NONTENSOR
+        if attr in _PACKED_HOST_FIELDS:
+            return HOST
         if attr in _SAME_PLACE_ATTRS:
             return self.of(node.value, depth + 1, before)
         if isinstance(node.value, cst.Name) and node.value.value == "self":
@@ -965,6 +971,22 @@ class HostSyncInHotLoop(Rule):
                     print(f"step {step} loss {loss.item():.4f}")
                 snapshot = copy.deepcopy(ema).eval().requires_grad_(False)
                 snapshots.append(snapshot.cpu())
+            """
+        ),
+        Valid(  # PackedSequence.batch_sizes always lives on the CPU
+            """
+            import torch
+            class PackedRNN(torch.nn.Module):
+                def forward(self, packed):
+                    data, batch_sizes, _, _ = packed
+                    return self.run(data, batch_sizes)
+                def run(self, x, batch_sizes):
+                    batch_sizes = batch_sizes.flip(0)
+                    for t in range(len(batch_sizes)):
+                        n = batch_sizes[t].item()
+                        x = self.cell(x[:n])
+                    return x
+            model = PackedRNN().cuda()
             """
         ),
         Valid(  # an evaluation result copied out to be saved; CPU tensors in the legacy Variable wrapper
