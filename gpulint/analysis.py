@@ -678,9 +678,19 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region]) -> None:
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
             step_functions.add(name)
     for region in regions:
-        if isinstance(region.node, (cst.For, cst.While)) and (region.any_marker or region.called & step_functions):
+        if isinstance(region.node, (cst.For, cst.While)) and (region.any_marker or region.called & step_functions) \
+                and not _runs_once(region.node):
             a.hot.setdefault(id(region.node), HotKind.STEP_LOOP)
     _mark_forward_helpers(a, regions)
+
+
+def _runs_once(loop: cst.For | cst.While) -> bool:
+    """A loop whose body ends in an unconditional `break`/`return`/`raise` (take one batch and stop)."""
+    body = loop.body
+    if not isinstance(body, cst.IndentedBlock) or not body.body:
+        return False
+    last = body.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return, cst.Raise))
 
 
 def _mark_forward_helpers(a: FileAnalysis, regions: list[_Region]) -> None:

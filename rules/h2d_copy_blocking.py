@@ -1,8 +1,13 @@
+import re
+
 import libcst as cst
 
 from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, has_star_args, method_name
+from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name
 from gpulint.builders import add_keyword
+from gpulint.rule import is_test_path
+
+_DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
 
 class H2dCopyBlocking(Rule):
@@ -84,6 +89,21 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # a cast to a dtype held in a variable; a loop that takes one batch and stops
+            """
+            import torch
+            dtype = torch.bfloat16
+            for x, y in loader:
+                out = model(x.cuda(non_blocking=True).to(dtype))
+                out.sum().backward()
+                optimizer.step()
+            for x, y in loader:
+                x = x.to(device)
+                model(x).sum().backward()
+                optimizer.step()
+                break
+            """
+        ),
         Valid(  # explicit CPU target
             """
             for x, y in loader:
@@ -144,7 +164,7 @@ class H2dCopyBlocking(Rule):
         name = method_name(node)
         if name not in ("to", "cuda") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
             return
-        if not self.ctx.in_hot_region():
+        if not self.ctx.in_hot_region() or is_test_path(self.ctx.path):
             return
         assert isinstance(node.func, cst.Attribute)
         evidence = self.ctx.evidence
@@ -156,8 +176,8 @@ class H2dCopyBlocking(Rule):
             if target is None or len(positional) > 2:
                 return  # no visible device, or the positional (device, dtype, non_blocking) form
             qualified = self.ctx.qualname(target.value) or ""
-            if qualified.startswith("torch."):
-                return  # `.to(torch.float16)`: a cast, not a copy
+            if qualified.startswith("torch.") or _DTYPE_NAME.search(dotted_name(target.value) or ""):
+                return  # `.to(torch.float16)`, `.to(dtype)`: a cast, not a copy
             if evidence.device_of(target.value) is Device.CPU or _names_cpu(target.value):
                 return
         self.report(node, replacement=add_keyword(node, "non_blocking", "True"))
