@@ -94,7 +94,7 @@ class H2dCopyBlocking(Rule):
             import torch
             dtype = torch.bfloat16
             for x, y in loader:
-                out = model(x.cuda(non_blocking=True).to(dtype))
+                out = model(x.to(dtype).cuda(non_blocking=True))
                 out.sum().backward()
                 optimizer.step()
             for x, y in loader:
