@@ -6,6 +6,7 @@ from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
+from gpulint.rules.host_sync_in_hot_loop import TENSOR, Placement
 
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
@@ -92,9 +93,10 @@ class H2dCopyBlocking(Rule):
         Valid(  # a cast to a dtype held in a variable; a loop that takes one batch and stops
             """
             import torch
-            dtype = torch.bfloat16
+            half = torch.bfloat16
             for x, y in loader:
-                out = model(x.to(dtype).cuda(non_blocking=True))
+                x, y = x.to(half), y.to(dtype)
+                out = model(x.cuda(non_blocking=True))
                 out.sum().backward()
                 optimizer.step()
             for x, y in loader:
@@ -176,8 +178,9 @@ class H2dCopyBlocking(Rule):
             if target is None or len(positional) > 2:
                 return  # no visible device, or the positional (device, dtype, non_blocking) form
             qualified = self.ctx.qualname(target.value) or ""
-            if qualified.startswith("torch.") or _DTYPE_NAME.search(dotted_name(target.value) or ""):
-                return  # `.to(torch.float16)`, `.to(dtype)`: a cast, not a copy
+            if qualified.startswith("torch.") or _DTYPE_NAME.search(dotted_name(target.value) or "") \
+                    or Placement(self.ctx).device_kind(target.value) == TENSOR:
+                return  # `.to(torch.float16)`, `.to(dtype)`, `.to(half)` with `half = torch.bfloat16`: a cast
             if evidence.device_of(target.value) is Device.CPU or _names_cpu(target.value):
                 return
         self.report(node, replacement=add_keyword(node, "non_blocking", "True"))

@@ -259,6 +259,10 @@ class Placement:
         if isinstance(node, cst.Attribute) and node.attr.value == "dtype":
             return TENSOR
         if isinstance(node, cst.Name):
+            bindings = self.a.bindings_of(node.value, self.ctx.ancestors)
+            if bindings and all(b.kind is BindingKind.ASSIGN and b.value is not None
+                                and self.device_kind(b.value) == TENSOR for b in bindings):
+                return TENSOR  # `half = torch.bfloat16`
             # every assignment in scope, not only the textually last one: `if ...: d = accel else: d = cpu`
             # a parameter defaulting to the CPU (`device=torch.device("cpu")`) counts as the CPU
             found = {self.ev.device_of(b.value) if b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) else None
