@@ -9,7 +9,7 @@ import re
 from functools import lru_cache
 
 _BIG_MODEL = re.compile(
-    r"torchvision\.models|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|timm\.create_model|from_pretrained\(|"
+    r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|timm\.create_model|from_pretrained\(|"
     r"\bAutoModel|\bresnet\d+\(|\bvit_\w+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
 # of those, convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
 _BIG_CNN = re.compile(r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
@@ -51,13 +51,13 @@ def _const_int(node: ast.AST) -> int | None:
 
 
 @lru_cache(maxsize=4096)
-def _widths(text: str) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
-    """((layer class, literal width) of nn layers, literal values of width-named settings) in one file."""
+def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], tuple[int, ...]]:
+    """((layer class, literal width or None) of nn layers, literal values of width-named settings) in one file."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return (), ()
-    layers: list[int] = []
+    layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -72,9 +72,12 @@ def _widths(text: str) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
                 width = _const_int(value) if value is not None else None
                 if width is not None:
                     dims.append(width)
-            if dims:
-                # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer
-                layers.append((name, min(dims) if name in _TWO_SIDED else max(dims)))
+            if name in _TWO_SIDED:
+                # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer, and
+                # Linear(2048, num_classes) is of unknown width
+                layers.append((name, min(dims) if len(dims) == len(_LAYER_ARGS[name]) else None))
+            elif name in _LAYER_ARGS:
+                layers.append((name, max(dims) if dims else None))
             if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
                     and isinstance(node.args[0].value, str) \
                     and _WIDTH_NAME.match(node.args[0].value.lstrip("-").replace("-", "_")):
@@ -106,16 +109,21 @@ def _widths(text: str) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
 def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | None:
     """"large" (a width above SMALL_WIDTH, or a well-known large model), "small" (widths are written and all
     are at most SMALL_WIDTH), or None (nothing shows). With `matmul_only`, convolutions do not count (for
-    TF32, which cuDNN convolutions already use): a network of convolutions alone is "small"."""
+    TF32, which cuDNN convolutions already use): a network of convolutions, with at most classifier-like
+    Linear layers of unwritten width, is "small"."""
     for text in texts.values():
         model = _BIG_MODEL.search(text)
         if model and not (matmul_only and _BIG_CNN.fullmatch(model.group())):
             return "large"
-    seen = matmul_only and any(_BIG_CNN.search(text) for text in texts.values())
-    for text in texts.values():
-        layers, settings = _widths(text)
-        widths = [w for name, w in layers if not (matmul_only and name.startswith(("Conv", "LazyConv")))]
-        if any(w > SMALL_WIDTH for w in (*widths, *settings)):
-            return "large"
-        seen = seen or bool(layers or settings)
-    return "small" if seen else None
+    layers = [layer for text in texts.values() for layer in _widths(text)[0]]
+    settings = [width for text in texts.values() for width in _widths(text)[1]]
+    convolutional = matmul_only and (any(name.startswith(("Conv", "LazyConv")) for name, _ in layers)
+                                     or any(_BIG_CNN.search(text) for text in texts.values()))
+    widths = [w for name, w in layers if not (matmul_only and name.startswith(("Conv", "LazyConv")))]
+    if any(w is not None and w > SMALL_WIDTH for w in widths) or any(w > SMALL_WIDTH for w in settings):
+        return "large"
+    if convolutional:
+        unknown = [name for name, w in layers if w is None and not name.startswith(("Conv", "LazyConv"))]
+        return "small" if all(name == "Linear" for name in unknown) else None
+    known = [w for w in widths if w is not None]
+    return "small" if known or settings else None
