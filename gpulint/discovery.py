@@ -1,8 +1,8 @@
 """Turn command-line paths into the Python files to lint.
 
 Directories are walked recursively; nested `.gitignore` files are honoured; default excludes (VCS folders,
-virtualenvs, caches, build outputs, cookiecutter templates) are matched relative to the project root. A file named on the
-command line is always linted.
+virtualenvs, caches, build outputs, cookiecutter templates) are matched relative to the project root. A file
+named on the command line is always linted.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ import ast
 import re
 from functools import lru_cache
 
-_BIG_MODEL = re.compile(
-    r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|timm\.create_model|from_pretrained\(|"
-    r"\bAutoModel|\bresnet\d+\(|\bvit_\w+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
-# of those, convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
-_BIG_CNN = re.compile(r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\(")
+# convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
+_CNN_CONSTRUCTORS = r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\("
+_BIG_CNN = re.compile(_CNN_CONSTRUCTORS)
+_BIG_MODEL = re.compile(r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+import\s+[^\n]*\bmodels\b|"
+                        r"timm\.create_model|from_pretrained\(|\bAutoModel|\bvit_\w+\(|" + _CNN_CONSTRUCTORS)
 _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
     r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
