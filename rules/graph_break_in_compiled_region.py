@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import libcst as cst
 
@@ -294,13 +295,19 @@ def _tensor_value(ctx, node: cst.BaseExpression, depth: int = 0) -> bool:
     return False
 
 
+@lru_cache(maxsize=4096)
+def _class_bodies(text: str) -> tuple[tuple[str, str], ...]:
+    """(name, indented body) of the top-level classes of one file; a file is shared by many programs."""
+    return tuple((match.group(1), match.group(2)) for match in _CLASS_BLOCK.finditer(text))
+
+
 def _compiled_classes(texts: list[str]) -> set[str]:
     """Module classes whose instances are compiled in the program, with the classes they construct (their
     submodules are traced too)."""
     bodies: dict[str, str] = {}
     for text in texts:
-        for match in _CLASS_BLOCK.finditer(text):
-            bodies.setdefault(match.group(1), match.group(2))
+        for name, body in _class_bodies(text):
+            bodies.setdefault(name, body)
     roots: set[str] = set()
     for text in texts:
         roots.update(_COMPILE_INSTANCE.findall(text))

@@ -58,6 +58,17 @@ def test_pin_memory_if_available_is_not_cuda_evidence():
     assert [f.maybe_cuda_evidence for f in facts] == [False, True]
 
 
+def test_parse_skips_node_validation_only_while_parsing():
+    from gpulint.engine import parse
+
+    source = "import torch\nx = torch.zeros(3, device='cuda')  # c\nif x.any():\n    y = [i for i in x]\n"
+    assert parse(source).deep_equals(cst.parse_module(source)) and parse(source).code == source
+    with pytest.raises(cst.ParserSyntaxError):
+        parse("def f(:\n")
+    with pytest.raises(cst.CSTValidationError):  # nodes that fixes build are still checked
+        cst.Name("1abc")
+
+
 def _hot_kinds(code: str) -> dict[str, HotKind]:
     module, analysis = _analysis(code)
     names = {}
