@@ -252,6 +252,9 @@ _CUDA_AMP_PREFIX = "torch.cuda.amp."
 # `torch.cuda.is_available()` as text evidence, except as GPU010's `pin_memory=torch.cuda.is_available()`:
 # that fix must not turn a file into a CUDA program for the next run
 IS_AVAILABLE_TEXT = r"(?<!pin_memory=)torch\.cuda\.is_available\("
+# CUDA named in the text of a file (`"cuda:0"`, `.cuda(`, `torch.cuda.is_available(`): rules add their own extras
+CUDA_TEXT_PATTERN = r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT
+CUDA_OR_ACCELERATOR_TEXT = re.compile(CUDA_TEXT_PATTERN + r"|torch\.accelerator\.")
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}

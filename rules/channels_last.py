@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import IS_AVAILABLE_TEXT, call_arg, string_value
+from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT, call_arg, string_value
 from gpulint.rule import is_test_path
 from gpulint.rules.cudnn_benchmark import program_texts
 
@@ -17,7 +17,6 @@ _TORCHVISION_CNN = re.compile(
     r"\bmodels\.(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|mnasnet|shufflenet|inception|"
     r"googlenet)\w*\(|\bmodels\.__dict__\[")
 _CHANNELS_LAST = re.compile(r"channels_last")
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT + r"""|torch\.accelerator\.""")
 
 
 class ChannelsLast(Rule):
@@ -127,7 +126,8 @@ class ChannelsLast(Rule):
         if not (conv_bn or any(_TORCHVISION_CNN.search(t) for t in texts)):
             return
         analysis = self.ctx.analysis
-        if not (analysis.cuda_evidence or analysis.maybe_cuda_evidence or any(_CUDA_TEXT.search(t) for t in texts)):
+        if not (analysis.cuda_evidence or analysis.maybe_cuda_evidence
+                or any(CUDA_OR_ACCELERATOR_TEXT.search(t) for t in texts)):
             return
         self.report(node)
 

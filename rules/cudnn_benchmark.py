@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import IS_AVAILABLE_TEXT
+from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT
 from gpulint.rule import is_test_path
 
 _CONV = re.compile(
@@ -21,7 +21,6 @@ _DETERMINISTIC = re.compile(r"\bcudnn\.deterministic\b|use_deterministic_algorit
 # name in timm.)
 _VARIABLE_SHAPES = re.compile(r"\bpad_sequence\(")
 _SEQUENCE_CONV = re.compile(r"\bConv(Transpose)?1d\(|\bconv(_transpose)?1d\(")
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT + r"""|torch\.accelerator\.""")
 
 
 class CudnnBenchmark(Rule):
@@ -169,7 +168,8 @@ class CudnnBenchmark(Rule):
 
 def _trains_on_cuda(ctx, texts: list[str]) -> bool:
     analysis = ctx.analysis
-    return analysis.cuda_evidence or analysis.maybe_cuda_evidence or any(_CUDA_TEXT.search(t) for t in texts)
+    return analysis.cuda_evidence or analysis.maybe_cuda_evidence or any(
+        CUDA_OR_ACCELERATOR_TEXT.search(t) for t in texts)
 
 
 # -- the part of the run that belongs to this file's program: files connected to it by imports ---------------

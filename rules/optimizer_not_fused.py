@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import (IS_AVAILABLE_TEXT, BindingKind, call_arg, child_nodes, dotted_name, method_name,
+from gpulint.analysis import (CUDA_TEXT_PATTERN, BindingKind, call_arg, child_nodes, dotted_name, method_name,
                               string_value, walk)
 from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
@@ -22,7 +22,7 @@ _CONFLICTS = ("fused", "foreach", "differentiable", "capturable")
 _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64|complex128|cfloat|cdouble|chalf)\b")
 # CUDA text evidence, including the device-generic API (torch >= 2.6) and NCCL: CUDA on NVIDIA machines
 _CUDA_TEXT = re.compile(
-    r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT + r"""|\btorch\.accelerator\.|["']nccl["']""")
+    CUDA_TEXT_PATTERN + r"""|\btorch\.accelerator\.|["']nccl["']""")
 _SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
 _GRAD_SCALER = re.compile(r"\bGradScaler\b")
 _XLA = re.compile(r"\btorch_xla\b")

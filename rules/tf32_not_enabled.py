@@ -9,7 +9,7 @@ from typing import Iterator
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import IS_AVAILABLE_TEXT, dotted_name, walk
+from gpulint.analysis import CUDA_TEXT_PATTERN, dotted_name, walk
 from gpulint.network_size import network_size
 from gpulint.pins import torch_pinned_below
 from gpulint.rule import is_test_path
@@ -26,7 +26,7 @@ from gpulint.rule import is_test_path
 
 _MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 # CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
-_CUDA_TEXT = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|f["']cuda|""" + IS_AVAILABLE_TEXT + r"""|\.to\(\s*0\s*\)|"""
+_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|\.to\(\s*0\s*\)|"""
                         r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
 
 
