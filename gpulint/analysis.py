@@ -123,15 +123,36 @@ def _field_order(cls: type) -> tuple[str, ...]:
 
 
 def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Direct children in source order; reading dataclass fields is much cheaper than libcst's `.children`."""
+    """Direct children in source order; reading dataclass fields is much cheaper than libcst's `.children`.
+    Remembered for the tree being analysed, which analyses and rules walk several times (callers must not
+    change the list)."""
+    remembered = _CHILDREN.get(id(node))
+    if remembered is not None and remembered[0] is node:
+        return remembered[1]
     found: list[cst.CSTNode] = []
     for name in _field_order(type(node)):
         value = getattr(node, name)
-        if type(value) in (list, tuple):
-            found.extend(item for item in value if isinstance(item, cst.CSTNode))
-        elif isinstance(value, cst.CSTNode):
+        kind = type(value)
+        if kind is list or kind is tuple:
+            found.extend(item for item in value if _is_node_type(type(item)))
+        elif _is_node_type(kind):
             found.append(value)
+    _CHILDREN[id(node)] = (node, found)
     return found
+
+
+# id -> (node, children) for the tree being analysed: the node is kept with its children so that an id reused by
+# a later object can never return another node's children. Emptied when the next tree is analysed.
+_CHILDREN: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def _is_node_type(kind: type) -> bool:
+    """`issubclass(kind, CSTNode)`, remembered: CSTNode is an ABC, whose isinstance checks are slow."""
+    known = _NODE_TYPES.get(kind)
+    if known is None:
+        known = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return known
 
 
 def traverse(root: cst.CSTNode, on_visit: Callable[[cst.CSTNode], bool | None],
@@ -403,6 +424,12 @@ _REGION_TYPES = frozenset({cst.FunctionDef, cst.For, cst.While})
 _BARRIER_TYPES = frozenset({cst.ClassDef, cst.Lambda})
 
 
+# node class -> _PrePass's visit_/leave_ method (or None), looked up once per class rather than once per node
+_PREPASS_VISIT: dict[type, Any] = {}
+_PREPASS_LEAVE: dict[type, Any] = {}
+_UNSET = object()
+
+
 class _PrePass(cst.CSTVisitor):
     def __init__(self, analysis: FileAnalysis) -> None:
         super().__init__()
@@ -433,11 +460,18 @@ class _PrePass(cst.CSTVisitor):
             self.region_stack.append(region)
         elif kind in _BARRIER_TYPES:
             self.region_stack.append(None)
-        return super().on_visit(node)
+        handler = _PREPASS_VISIT.get(kind, _UNSET)
+        if handler is _UNSET:
+            handler = _PREPASS_VISIT[kind] = getattr(_PrePass, f"visit_{kind.__name__}", None)
+        return handler is None or handler(self, node) is not False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
         kind = type(original_node)
+        handler = _PREPASS_LEAVE.get(kind, _UNSET)
+        if handler is _UNSET:
+            handler = _PREPASS_LEAVE[kind] = getattr(_PrePass, f"leave_{kind.__name__}", None)
+        if handler is not None:
+            handler(self, original_node)
         if kind in _REGION_TYPES or kind in _BARRIER_TYPES:
             self.region_stack.pop()
         self.stack.pop()
@@ -712,6 +746,7 @@ def _mark_forward_helpers(a: FileAnalysis, regions: list[_Region]) -> None:
 
 
 def analyze(module: cst.Module, known_module_classes: set[str] | None = None) -> FileAnalysis:
+    _CHILDREN.clear()
     analysis = FileAnalysis(module)
     prepass = _PrePass(analysis)
     traverse(module, prepass.on_visit, prepass.on_leave)

@@ -253,6 +253,9 @@ def _collect(raw_paths: Sequence[str], resolver: Resolver) -> _Files:
             settings = resolver.settings_for(path)
             if settings.force_exclude and settings.is_excluded(path):
                 continue
+            if path.suffix.lower() == ".ipynb":  # JSON parses as Python: checking it would silently find nothing
+                print(f"gpulint: warning: {raw}: Jupyter notebooks are not checked; skipped", file=sys.stderr)
+                continue
             chosen.setdefault(str(path.resolve()), path)
             continue
         root_settings = resolver.settings_for(path)
@@ -331,6 +334,8 @@ def _lint(args: argparse.Namespace) -> int:
         raise UsageError("`-` (stdin) cannot be combined with other paths")
     started = time.perf_counter()
     files = _collect(args.paths, resolver)
+    if not files.settings and not args.silent:
+        print("gpulint: warning: no Python files found under the given path(s)", file=sys.stderr)
     if args.verbose:
         by_config: dict[str, int] = {}
         for settings in files.settings.values():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import os
 import re
 import sys
@@ -391,6 +392,12 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return compiled
 
 
+@functools.lru_cache(maxsize=8192)
+def _resolved(path: Path) -> Path:
+    """`path.resolve()`, once per path: every exclude pattern is matched against every discovered file."""
+    return path.resolve()
+
+
 def path_matches(pattern: str, path: Path, base: Path, below: Path | None = None) -> bool:
     """Does a config glob match `path`? A pattern without `/` matches any path component (a file or folder
     name); one with `/` is anchored at `base` and also matches everything below a matching folder. With
@@ -402,15 +409,15 @@ def path_matches(pattern: str, path: Path, base: Path, below: Path | None = None
     clean = pattern.strip("/")
     if not clean:
         return False
-    resolved_base = base.resolve()
+    resolved_base = _resolved(base)
     try:
-        pieces = path.resolve().relative_to(resolved_base).parts
+        pieces = _resolved(path).relative_to(resolved_base).parts
     except ValueError:
         pieces = None
     start = 0
     if below is not None and pieces is not None:
         try:
-            start = len(below.resolve().relative_to(resolved_base).parts)
+            start = len(_resolved(below).relative_to(resolved_base).parts)
         except ValueError:
             start = 0
     regex = _glob_regex(clean)

@@ -11,7 +11,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from gpulint.analysis import FileAnalysis, analyze, traverse
+from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
 from gpulint.rule import ImportRequest, Report, Rule, RuleContext
@@ -226,7 +226,7 @@ class _Indents:
             stack: list[cst.CSTNode] = [self.module]
             while stack:
                 current = stack.pop()
-                for child in current.children:
+                for child in child_nodes(current):
                     self._parents[id(child)] = current
                     stack.append(child)
         tokens = []

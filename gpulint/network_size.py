@@ -16,6 +16,9 @@ _BIG_MODEL = re.compile(r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+
 _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
     r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
+_BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size$|^bs$|^bsz$", re.I)
+_LENGTH_NAME = re.compile(r"^(max_)?(seq(uence)?_?len(gth)?|block_size|bptt|n_ctx|context_len(gth)?|max_len(gth)?|"
+                          r"num_steps|chunk_len|max_position_embeddings|n_positions|seq)$", re.I)
 _LAYER_ARGS = {
     "Linear": ((0, "in_features"), (1, "out_features")),
     "LazyLinear": ((0, "out_features"),),
@@ -51,19 +54,23 @@ def _const_int(node: ast.AST) -> int | None:
 
 
 @lru_cache(maxsize=4096)
-def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], tuple[int, ...]]:
-    """((layer class, literal width or None) of nn layers, literal values of width-named settings) in one file."""
+def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], ...]:
+    """((layer class, literal width or None) of nn layers, literal values of width-named settings, of batch-size
+    settings, of sequence-length settings, the layers with widths named by constants resolved) in one file."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return (), ()
+        return (), (), (), (), ()
     layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
+    sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
+    constants = _single_constants(tree)
+    resolved: list[tuple[str, int | None]] = []  # layers again, widths written as names of constants resolved
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            dims = []
+            dims, named_dims = [], []
             for position, keyword in _LAYER_ARGS.get(name, ()):
                 value = next((k.value for k in node.keywords if k.arg == keyword), None)
                 if value is None and len(node.args) > position and not any(
@@ -72,38 +79,69 @@ def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], tuple[int, .
                 width = _const_int(value) if value is not None else None
                 if width is not None:
                     dims.append(width)
-            if name in _TWO_SIDED:
-                # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer, and
-                # Linear(2048, num_classes) is of unknown width
-                layers.append((name, min(dims) if len(dims) == len(_LAYER_ARGS[name]) else None))
-            elif name in _LAYER_ARGS:
-                layers.append((name, max(dims) if dims else None))
-            if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) \
-                    and _WIDTH_NAME.match(node.args[0].value.lstrip("-").replace("-", "_")):
-                value = next((k.value for k in node.keywords if k.arg == "default"), None)
-                width = _const_int(value) if value is not None else None
+                if width is None and isinstance(value, ast.Name):
+                    width = constants.get(value.id)
                 if width is not None:
-                    settings.append(width)
+                    named_dims.append(width)
+            if name in _LAYER_ARGS:
+                layers.append((name, _layer_width(name, dims)))
+                resolved.append((name, _layer_width(name, named_dims)))
+            if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str):
+                value = next((k.value for k in node.keywords if k.arg == "default"), None)
+                _record(sized, node.args[0].value.lstrip("-").replace("-", "_"), value)
             for keyword in node.keywords:
-                if keyword.arg and _WIDTH_NAME.match(keyword.arg) and _const_int(keyword.value) is not None:
-                    settings.append(_const_int(keyword.value))  # type: ignore[arg-type]
+                if keyword.arg:
+                    _record(sized, keyword.arg, keyword.value)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(
                     target, ast.Attribute) else ""
-                if _WIDTH_NAME.match(name) and _const_int(node.value) is not None:
-                    settings.append(_const_int(node.value))  # type: ignore[arg-type]
+                _record(sized, name, node.value)
         elif isinstance(node, ast.arguments):
             positional = node.posonlyargs + node.args
             for arg, default in zip(positional[len(positional) - len(node.defaults):], node.defaults):
-                if _WIDTH_NAME.match(arg.arg) and _const_int(default) is not None:
-                    settings.append(_const_int(default))  # type: ignore[arg-type]
+                _record(sized, arg.arg, default)
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
-                if default is not None and _WIDTH_NAME.match(arg.arg) and _const_int(default) is not None:
-                    settings.append(_const_int(default))  # type: ignore[arg-type]
-    return tuple(layers), tuple(settings)
+                _record(sized, arg.arg, default)
+    return tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved)
+
+
+def _layer_width(name: str, dims: list[int]) -> int | None:
+    if name in _TWO_SIDED:
+        # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer, and
+        # Linear(2048, num_classes) is of unknown width
+        return min(dims) if len(dims) == len(_LAYER_ARGS[name]) else None
+    return max(dims) if dims else None
+
+
+def _single_constants(tree: ast.AST) -> dict[str, int]:
+    """Names bound exactly once in the file, to an integer literal (`hidden_size = 500`, or a parameter default
+    `def __init__(self, hidden_size=500)`)."""
+    seen: dict[str, list[int | None]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    seen.setdefault(target.id, []).append(_const_int(node.value))
+        elif isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            defaults = [None] * (len(positional) - len(node.defaults)) + list(node.defaults)
+            for arg, default in [*zip(positional, defaults), *zip(node.kwonlyargs, node.kw_defaults)]:
+                if default is not None:  # a parameter without one takes what callers pass: often the constant
+                    seen.setdefault(arg.arg, []).append(_const_int(default))
+    return {name: values[0] for name, values in seen.items() if len(values) == 1 and values[0] is not None}
+
+
+def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> None:
+    """A setting written as an integer literal, filed by what its name says it sizes."""
+    number = _const_int(value) if value is not None else None
+    if number is None:
+        return
+    for kind, pattern in (("width", _WIDTH_NAME), ("batch", _BATCH_NAME), ("length", _LENGTH_NAME)):
+        if pattern.match(name):
+            sized[kind].append(number)
 
 
 def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | None:
@@ -127,3 +165,28 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
         return "small" if all(name == "Linear" for name in unknown) else None
     known = [w for w in widths if w is not None]
     return "small" if known or settings else None
+
+
+# Rows of activations per step below which a network with no layer wider than SMALL_WORK_WIDTH is launch-bound:
+# measured on an H100 (torch 2.11), bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100
+# (1024 vs 974 us per step) and for an LSTM language model of hidden size 1024 at 20 x 30 tokens (3100 vs 2896 us).
+SMALL_WORK_ROWS = 4096
+SMALL_WORK_WIDTH = 1024
+
+
+def small_work_per_step(texts: dict[str, str]) -> bool:
+    """A network of matmul layers (no convolutions, no well-known large model) whose widths are all written and at
+    most SMALL_WORK_WIDTH, trained on batches whose written size times sequence length (when one is written) is at
+    most SMALL_WORK_ROWS: too little work per kernel for lower-precision math to pay for its casts."""
+    if any(_BIG_MODEL.search(text) for text in texts.values()):
+        return False
+    facts = [_widths(text) for text in texts.values()]
+    layers = [layer for fact in facts for layer in fact[4]]
+    widths = [w for _, w in layers] + [w for fact in facts for w in fact[1]]
+    batches = [b for fact in facts for b in fact[2]]
+    lengths = [n for fact in facts for n in fact[3]]
+    if not layers or not batches or any(name.startswith(("Conv", "LazyConv")) for name, _ in layers):
+        return False
+    if any(w is None or w > SMALL_WORK_WIDTH for w in widths):
+        return False
+    return max(batches) * max(lengths, default=1) <= SMALL_WORK_ROWS

@@ -10,8 +10,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import libcst as cst
 
-from gpulint.analysis import Confidence, Device, Evidence, FileAnalysis, HotKind
+from gpulint.analysis import CUDA_TEXT_PATTERN, Confidence, Device, Evidence, FileAnalysis, HotKind
 from gpulint.diagnostics import Safety, Severity
+from gpulint.program import related_targets_cuda
+
+# CUDA named in another file of the program (as the run's own text evidence, with f"cuda:{rank}")
+_PROGRAM_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda""")
 
 if TYPE_CHECKING:
     from gpulint.engine import ProgramFacts
@@ -244,15 +248,31 @@ class RuleContext:
         return None
 
     def targets_cuda(self) -> bool:
-        """CUDA (or maybe-CUDA) evidence in the file or in the program. A file that picks another accelerator
-        itself (it imports torch_xla) and shows no CUDA of its own does not borrow its siblings' evidence."""
+        """CUDA (or maybe-CUDA) evidence in the file or in the files of its program (`gpulint.program`: what it
+        imports, what imports it, ...). Another script of the run that shares no import with this one lends no
+        evidence, and no file lends any to one that picks another accelerator itself (it imports torch_xla)."""
         analysis, program = self.analysis, self.program
         if analysis.cuda_evidence or analysis.maybe_cuda_evidence:
             return True
         if self.imports_xla():
             return False
-        return program.cuda_evidence or program.maybe_cuda_evidence or \
-            "torch.accelerator" in program.sources.get(self.path, "")
+        if "torch.accelerator" in program.sources.get(self.path, ""):
+            return True
+        if not (program.cuda_evidence or program.maybe_cuda_evidence):
+            return False  # no file of the run names CUDA: no need for the import graph
+        return related_targets_cuda(self, _PROGRAM_CUDA_TEXT)
+
+    def in_no_grad_function(self) -> bool:
+        """Inside a function decorated `@torch.no_grad()` / `@torch.inference_mode()`: inference, not training."""
+        for node in reversed(self.ancestors):
+            if isinstance(node, cst.FunctionDef):
+                for decorator in node.decorators:
+                    target = decorator.decorator
+                    target = target.func if isinstance(target, cst.Call) else target
+                    if self.qualname(target) in ("torch.no_grad", "torch.inference_mode"):
+                        return True
+                return False
+        return False
 
     def imports_xla(self) -> bool:
         return any(target.split(".")[0] == "torch_xla" for target in self.analysis.aliases.values())

@@ -60,6 +60,18 @@ class BoolMaskAssignTensor(Rule):
     priority = "P1"
     triggers = ("] =", "]=")
     examples = [
+        Valid(  # receiver and mask built on the CPU by this code (moved afterwards): the nonzero runs on the host
+            """
+            import torch
+            class Scaled(torch.nn.Module):
+                def forward(self, ids):
+                    kinds = torch.tensor(self.kind_list)
+                    scale = torch.ones_like(torch.Tensor(self.kind_list))
+                    scale[torch.remainder(kinds, 3) == 0] = torch.sqrt(torch.tensor([0.25]))
+                    return self.embed(ids) * scale.to(ids.device)[:, None]
+            model = Scaled().cuda()
+            """
+        ),
         Valid(  # scalar values are GPU003
             """
             import torch

@@ -512,6 +512,9 @@ def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | 
     receiver_is_tensor = mask_site_evidence(ctx, target.value, layout.mask)
     if receiver_is_tensor is None:
         return None
+    placement = Placement(ctx)
+    if placement.built_on_host(target.value) or placement.built_on_host(layout.mask):
+        return None  # a tensor or mask this code made on the CPU: the nonzero runs on the host, no GPU sync
     return MaskAssignment(target.value, layout, confidence, receiver_is_tensor)
 
 

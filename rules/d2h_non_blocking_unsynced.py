@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.analysis import call_arg, child_nodes, dotted_name, method_name
 from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, NONTENSOR, TENSOR, Placement
 
 # Uses of the host tensor that only look at metadata or hand it back to the GPU (ordered on the same stream).
@@ -223,7 +223,7 @@ class D2hNonBlockingUnsynced(Rule):
             if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 continue
             stack.append((current, True))
-            for child in reversed(current.children):
+            for child in reversed(child_nodes(current)):
                 parents[id(child)] = current
                 stack.append((child, False))
         return None

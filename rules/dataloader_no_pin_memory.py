@@ -34,8 +34,9 @@ class DataloaderNoPinMemory(Rule):
     ## What it does
     Finds `torch.utils.data.DataLoader(...)` calls without a `pin_memory=` argument in a program that uses
     CUDA. It stays silent when `pin_memory` is passed in any form (also `pin_memory=False`, or hidden in
-    `**kwargs`), when the dataset or the `collate_fn` already produces CUDA tensors, and in programs with no
-    CUDA evidence.
+    `**kwargs`), when the dataset or the `collate_fn` already produces CUDA tensors, in programs with no
+    CUDA evidence, and for one-off loads (`batch_size=len(dataset)`, or a loader read only by
+    `next(iter(loader))` at module level), where pinning costs more than the single copy it speeds up.
 
     ## Why is this slow
     Batches live in pageable host memory, so every `batch.to("cuda")` first stages the data through a
@@ -73,6 +74,15 @@ class DataloaderNoPinMemory(Rule):
     priority = "P1"
     triggers = ("DataLoader",)
     examples = [
+        Valid(  # the whole dataset in one batch, read once and kept on the GPU: one copy per run
+            """
+            import torch
+            import torchvision
+            train = torchvision.datasets.CIFAR10("data", train=True, download=True)
+            loader = torch.utils.data.DataLoader(train, batch_size=len(train), num_workers=2)
+            images, labels = [t.cuda(non_blocking=True) for t in next(iter(loader))]
+            """
+        ),
         Valid(
             """
             import torch
@@ -274,6 +284,8 @@ class DataloaderNoPinMemory(Rule):
         dataset = loader_arg(node, "dataset")
         if dataset is not None and self._yields_cuda(dataset.value):
             return
+        if self._read_once(node):
+            return  # pinning a one-off load costs more than it saves (H100: 614 MB, 407 ms pinned vs 65 ms pageable)
         workers = loader_arg(node, "num_workers")
         if (workers is None or int_literal(workers.value) == 0) and dataset is not None and dataset_class(
                 self.ctx, dataset.value, LoaderFlow.of(self.ctx.analysis)) in _SMALL_IMAGE_DATASETS:
@@ -301,6 +313,20 @@ class DataloaderNoPinMemory(Rule):
         else:
             value, imports = "True", ()
         self.report(node, replacement=add_keyword(node, "pin_memory", value), imports=imports)
+
+    def _read_once(self, node: cst.Call) -> bool:
+        """The whole dataset in one batch (`batch_size=len(ds)`), or a loader only read by `next(iter(...))` at
+        module level outside any loop: one copy per run, not one per step. (A `next` in a function may run every
+        step: `def get_batch(): return next(it)`.)"""
+        batch = loader_arg(node, "batch_size")
+        if batch is not None and isinstance(batch.value, cst.Call) and dotted_name(batch.value.func) == "len":
+            return True
+        flow = LoaderFlow.of(self.ctx.analysis)
+        carriers = flow.carriers(node)
+        reads = flow.next_calls(carriers)
+        return bool(reads) and not carriers.lightning_train and not flow.iterating_loops(carriers) and not any(
+            isinstance(n, (cst.For, cst.While, cst.CompFor, cst.FunctionDef, cst.Lambda))
+            for read in reads for n in flow.ancestors(read))
 
     # -- is the loader's output headed for the GPU? -------------------------------------------
 

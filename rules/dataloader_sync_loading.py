@@ -684,7 +684,8 @@ class DataloaderSyncLoading(Rule):
     hold open file or database handles may break after a fork; random augmentations use per-worker seeds, so
     batches differ from a run without workers. The rule reports without a fix when it can see such a hazard
     (lambda or local function in `collate_fn`/`worker_init_fn`/the dataset, an `IterableDataset` that does not
-    shard with `get_worker_info()`, a handle opened in `__init__`) or cannot see the dataset's type. It does not
+    shard with `get_worker_info()`, a handle opened in `__init__`, a script that trains at module level without
+    `if __name__ == "__main__":`, which each spawned worker would re-run) or cannot see the dataset's type. It does not
     fire for datasets that live on the GPU or only index in-memory tensors (`TensorDataset`), where worker IPC
     costs more than it saves, for calls that pass `*args`/`**kwargs`, or in tests.
     """
@@ -698,6 +699,21 @@ class DataloaderSyncLoading(Rule):
     priority = "P1"
     triggers = ("DataLoader",)
     examples = [
+        Invalid(  # a script that trains at module level: spawned workers would re-run it, so no fix
+            """
+            import torch
+            from torch.utils.data import DataLoader, Dataset
+            class Frames(Dataset):
+                def __len__(self):
+                    return 1000
+                def __getitem__(self, i):
+                    return torch.load(f"frames/{i}.pt")
+            model = build().cuda()
+            for frame in DataLoader(Frames(), batch_size=8):
+                model(frame.cuda(non_blocking=True)).mean().backward()
+            """,
+            fixed=None,
+        ),
         Valid(
             """
             import os
@@ -767,14 +783,17 @@ class DataloaderSyncLoading(Rule):
             from torch.utils.data import DataLoader
             from torchvision import datasets
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            train_set = datasets.CIFAR10("data", train=True, download=True)
-            loader = DataLoader(train_set, batch_size=128, shuffle=True)
-            for epoch in range(10):
-                for x, y in loader:
-                    loss = criterion(model(x.to(device)), y.to(device))
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+            def main():
+                train_set = datasets.CIFAR10("data", train=True, download=True)
+                loader = DataLoader(train_set, batch_size=128, shuffle=True)
+                for epoch in range(10):
+                    for x, y in loader:
+                        loss = criterion(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+            if __name__ == "__main__":
+                main()
             """,
             fixed="""
             import torch
@@ -782,14 +801,17 @@ class DataloaderSyncLoading(Rule):
             from torchvision import datasets
             import os
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            train_set = datasets.CIFAR10("data", train=True, download=True)
-            loader = DataLoader(train_set, batch_size=128, shuffle=True, num_workers=min(8, os.cpu_count() or 1))
-            for epoch in range(10):
-                for x, y in loader:
-                    loss = criterion(model(x.to(device)), y.to(device))
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+            def main():
+                train_set = datasets.CIFAR10("data", train=True, download=True)
+                loader = DataLoader(train_set, batch_size=128, shuffle=True, num_workers=min(8, os.cpu_count() or 1))
+                for epoch in range(10):
+                    for x, y in loader:
+                        loss = criterion(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+            if __name__ == "__main__":
+                main()
             """,
         ),
         Invalid(  # a lambda collate_fn cannot be pickled under spawn: reported without a fix
@@ -885,4 +907,16 @@ class DataloaderSyncLoading(Rule):
         if facts.kind == "unknown":
             return ("the dataset's type is not visible here (an IterableDataset would yield duplicated samples with "
                     "workers); set `num_workers` after checking it")
+        if self._script_without_main_guard(node):
+            return ("the script runs at import time without `if __name__ == \"__main__\":`; under the spawn/"
+                    "forkserver start methods every worker would re-run it; add the guard before adding workers")
         return None
+
+    def _script_without_main_guard(self, node: cst.Call) -> bool:
+        """A script whose training runs at module level (the loader is built there, or a top-level loop runs):
+        worker processes started by spawn/forkserver import `__main__` again, re-running all of it."""
+        module = self.ctx.module
+        if self.ctx.analysis.main_guard is not None:
+            return False
+        return self.ctx.enclosing(cst.FunctionDef, cst.Lambda) is None or any(
+            isinstance(statement, (cst.For, cst.While)) for statement in module.body)

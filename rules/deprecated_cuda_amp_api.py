@@ -4,7 +4,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, has_star_args, walk
+from gpulint.analysis import child_nodes, dotted_name, has_star_args, walk
 from gpulint.pins import torch_pinned_below
 
 # deprecated qualified name -> (new qualified name, device, kind)
@@ -304,7 +304,7 @@ class DeprecatedCudaAmpApi(Rule):
             stack: list[cst.CSTNode] = [self.ctx.module]
             while stack:
                 current = stack.pop()
-                for child in current.children:
+                for child in child_nodes(current):
                     self._parents[id(child)] = current
                     stack.append(child)
         import_from = self._import_for(local)

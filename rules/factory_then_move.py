@@ -75,6 +75,17 @@ class FactoryThenMove(Rule):
     priority = "P2"
     triggers = (".to(", ".cuda(")
     examples = [
+        Valid(  # zero elements: the "copy" moves nothing
+            """
+            import torch
+            class Concat(torch.nn.Module):
+                def forward(self, parts):
+                    out = torch.empty(0, 16).to(parts[0].device)
+                    for p in parts:
+                        out = torch.cat((out, self.proj(p)))
+                    return out
+            """
+        ),
         Valid(
             """
             import torch
@@ -160,8 +171,10 @@ class FactoryThenMove(Rule):
             return  # a CPU generator: drawing on the CPU is deliberate (reproducible streams)
         if is_test_path(self.ctx.path):
             return  # test inputs, built once: the fix only reshuffles seeded test data
-        if not self.ctx.in_hot_region() and not self.ctx.in_loop() \
-                and (_literal_numel(factory, kind) or _TINY + 1) <= _TINY:
+        numel = _literal_numel(factory, kind)
+        if numel == 0:
+            return  # `torch.empty(0).to(device)`: no elements, nothing is copied
+        if not self.ctx.in_hot_region() and not self.ctx.in_loop() and (numel or _TINY + 1) <= _TINY:
             return  # a one-off tiny tensor (`torch.zeros(1, 1).to(device)`): nothing to gain
         if kind == "normal" and len([a for a in factory.args if a.keyword is None]) < 3 \
                 and call_arg(factory, "size") is None:
@@ -272,7 +285,7 @@ def _is_true(arg: cst.Arg | None) -> bool:
 
 def _literal_numel(factory: cst.Call, kind: str) -> int | None:
     """Elements of a factory whose shape is written as integer literals (`zeros(1, 1)`, `full((2,), v)`,
-    `eye(3)`); None when any dimension is not a literal."""
+    `eye(3)`); 0 when any dimension is a literal 0; None when another dimension is not a literal."""
     positional = [a.value for a in factory.args if a.keyword is None]
     size = call_arg(factory, "size")
     if kind in _SIZED:
@@ -287,6 +300,8 @@ def _literal_numel(factory: cst.Call, kind: str) -> int | None:
         dims = [e.value for e in dims[0].elements]
         if not dims:
             return 1  # `torch.ones([])`: a 0-d tensor
+    if any(isinstance(d, cst.Integer) and int(d.evaluated_value) == 0 for d in dims):  # type: ignore[attr-defined]
+        return 0  # `torch.empty(0, n)`: no elements, whatever the other sizes
     if not dims or not all(isinstance(d, cst.Integer) for d in dims):
         return None
     numel = 1

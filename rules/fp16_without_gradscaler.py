@@ -6,7 +6,7 @@ from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name, walk
 from gpulint.rules.gradscaler_with_bf16 import autocast_call_of, autocast_dtype
 from gpulint.rules.no_autocast import module_like
-from gpulint.rules.tf32_not_enabled import related_texts
+from gpulint.program import related_texts
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # a scaler, or a framework that scales the loss itself, anywhere in the program

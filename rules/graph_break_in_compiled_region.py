@@ -6,7 +6,7 @@ from functools import lru_cache
 import libcst as cst
 
 from gpulint import Confidence, Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, method_name
+from gpulint.analysis import BindingKind, child_nodes, method_name
 from gpulint.rules.cudnn_benchmark import program_texts
 
 _DISABLE = {"torch.compiler.disable", "torch._dynamo.disable", "torch.compiler.disable_dynamo"}
@@ -127,7 +127,7 @@ class GraphBreakInCompiledRegion(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._texts: list[str] | None = None
-        self._compiled_classes: set[str] | None = None
+        self._compiled_classes: frozenset[str] | None = None
         self._verdicts: dict[int, bool] = {}
 
     # -- where ------------------------------------------------------------------------------------------------
@@ -164,9 +164,9 @@ class GraphBreakInCompiledRegion(Rule):
             self._texts = program_texts(self.ctx)
         return self._texts
 
-    def _classes(self) -> set[str]:
+    def _classes(self) -> frozenset[str]:
         if self._compiled_classes is None:
-            self._compiled_classes = _compiled_classes(self._program())
+            self._compiled_classes = _compiled_classes(tuple(self._program()))
         return self._compiled_classes
 
     def _capture(self, pattern: re.Pattern[str]) -> bool:
@@ -301,9 +301,10 @@ def _class_bodies(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((match.group(1), match.group(2)) for match in _CLASS_BLOCK.finditer(text))
 
 
-def _compiled_classes(texts: list[str]) -> set[str]:
+@lru_cache(maxsize=64)
+def _compiled_classes(texts: tuple[str, ...]) -> frozenset[str]:
     """Module classes whose instances are compiled in the program, with the classes they construct (their
-    submodules are traced too)."""
+    submodules are traced too). Remembered: the files of one program share it."""
     bodies: dict[str, str] = {}
     for text in texts:
         for name, body in _class_bodies(text):
@@ -325,7 +326,7 @@ def _compiled_classes(texts: list[str]) -> set[str]:
         nested = {c for r in frontier for c in _CONSTRUCTED.findall(bodies[r]) if c in bodies} - found
         found |= nested
         frontier = nested
-    return found
+    return frozenset(found)
 
 
 def _methods_called_from_forward(cls: cst.ClassDef) -> set[str]:
@@ -338,5 +339,5 @@ def _methods_called_from_forward(cls: cst.ClassDef) -> set[str]:
                 if isinstance(current, cst.Call) and isinstance(current.func, cst.Attribute) \
                         and isinstance(current.func.value, cst.Name) and current.func.value.value == "self":
                     called.add(current.func.attr.value)
-                stack.extend(current.children)
+                stack.extend(child_nodes(current))
     return called

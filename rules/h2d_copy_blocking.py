@@ -16,7 +16,8 @@ class H2dCopyBlocking(Rule):
     ## What it does
     Finds host-to-device copies of host data (`batch.to(device)`, `x.cuda()`) in the training step that do
     not pass `non_blocking=True`. It fires only with evidence that the source is host memory (a DataLoader
-    batch, `torch.from_numpy`, a tensor built on the CPU) and that the target is not the CPU.
+    batch, `torch.from_numpy`, a tensor built on the CPU) and that the target is not the CPU. A `forward`
+    decorated `@torch.no_grad()` / `@torch.inference_mode()` is inference code and is not reported.
 
     ## Why is this slow
     A blocking copy makes the host wait for the transfer (a `cudaStreamSynchronize` per copy), so the CPU
@@ -56,6 +57,17 @@ class H2dCopyBlocking(Rule):
     priority = "P1"
     triggers = (".to(", ".cuda(")
     examples = [
+        Valid(  # an inference wrapper: its forward runs under no_grad, never in a training step
+            """
+            import numpy as np
+            import torch
+            class Predictor(torch.nn.Module):
+                @torch.no_grad()
+                def forward(self, images):
+                    batch = torch.from_numpy(np.stack(images)).to(self.device)
+                    return self.net(batch)
+            """
+        ),
         Valid(
             """
             for x, y in loader:
@@ -166,8 +178,8 @@ class H2dCopyBlocking(Rule):
         name = method_name(node)
         if name not in ("to", "cuda") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
             return
-        if not self.ctx.in_hot_region() or is_test_path(self.ctx.path):
-            return
+        if not self.ctx.in_hot_region() or is_test_path(self.ctx.path) or self.ctx.in_no_grad_function():
+            return  # an inference-only forward (`@torch.no_grad()`) is not a training step
         assert isinstance(node.func, cst.Attribute)
         evidence = self.ctx.evidence
         if not evidence.is_cpu_source(node.func.value):

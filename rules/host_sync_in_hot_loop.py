@@ -48,7 +48,8 @@ _FILL_METHODS = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_",
 # torch functions computed elementwise on their tensor arguments
 _ELEMENTWISE = {"exp", "log", "log1p", "sqrt", "rsqrt", "abs", "neg", "sign", "round", "floor", "ceil", "clamp",
                 "clip", "sigmoid", "tanh", "pow", "mul", "add", "sub", "div", "where", "minimum", "maximum", "lerp",
-                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "sin", "cos"}
+                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "sin", "cos",
+                "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"}
 # Of those, the ones NumPy arrays share: not evidence that an unknown receiver is a tensor.
 _NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "argmin", "clip", "reshape",
                  "flatten", "squeeze", "transpose", "repeat", "round", "any", "all", "cumsum", "cumprod", "diagonal",
@@ -211,6 +212,8 @@ class Placement:
                 data = node.args[0].value if node.args else None
                 return data is not None and (self.of(data) == NONTENSOR or self.ev.is_tensor(data) is False
                                              or self.built_on_host(data, depth + 1))
+            if last in _LIKE_FACTORIES:  # on the device of their tensor argument
+                return bool(node.args) and self.built_on_host(node.args[0].value, depth + 1)
             if last in _FACTORIES or last in _HOST_CONSTRUCTORS:
                 return all(self.of(arg.value) in (NONTENSOR, None) or self.built_on_host(arg.value, depth + 1)
                            for arg in node.args if arg.keyword is None or arg.keyword.value != "out")
@@ -597,6 +600,23 @@ def _last_name(node: cst.BaseExpression) -> str | None:
     return None
 
 
+_SYNCHRONIZE = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
+
+
+def _unconditional(block: cst.BaseSuite) -> list[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
+    """The simple statements of a block that run every time it runs (through `with` and `try` bodies, not into
+    branches or loops)."""
+    if isinstance(block, cst.SimpleStatementSuite):
+        return [block]
+    found: list[cst.SimpleStatementLine | cst.SimpleStatementSuite] = []
+    for statement in block.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            found.append(statement)
+        elif isinstance(statement, (cst.With, cst.Try)):
+            found.extend(_unconditional(statement.body))
+    return found
+
+
 def amortised(ctx: RuleContext) -> bool:
     """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
     region (or the function) that contains it? Such code runs once every N steps."""
@@ -858,7 +878,9 @@ class HostSyncInHotLoop(Rule):
     uses are `torch.distributed` collectives (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`,
     `bool(t.item())`): agreeing across ranks needs the value on the device for NCCL and back on the host for
     the decision. Tensors made on the CPU by a factory without `device=` (`torch.rand(1)`,
-    `torch.empty(1).uniform_(a, b)`) are not GPU values either.
+    `torch.empty(1).uniform_(a, b)`) are not GPU values either. A loop whose body calls
+    `torch.cuda.synchronize()` on every iteration (timing code, directly or through a name bound to it) already
+    waits for the GPU each step, so its reads cost nothing more and are not reported.
 
     ## Why is this slow
     The host must wait for every queued kernel before it can read a GPU value, so each such call drains the
@@ -977,6 +999,20 @@ class HostSyncInHotLoop(Rule):
                 snapshots.append(snapshot.cpu())
             """
         ),
+        Valid(  # the step already waits for the GPU on every iteration (timing): the read waits for nothing more
+            """
+            import time
+            import torch
+            synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+            for x, y in loader:
+                t0 = time.time()
+                loss = criterion(model(x.cuda(non_blocking=True)), y.cuda(non_blocking=True))
+                loss.backward()
+                optimizer.step()
+                synchronize()
+                meter.update(loss.item(), time.time() - t0)
+            """
+        ),
         Valid(  # PackedSequence.batch_sizes always lives on the CPU
             """
             import torch
@@ -1093,6 +1129,7 @@ class HostSyncInHotLoop(Rule):
         super().__init__(ctx)
         self._enabled = ctx.targets_cuda()
         self._reported_statements: set[int] = set()
+        self._synchronizing_loops: dict[int, bool] = {}
 
     # -- where are we ------------------------------------------------------------------------
 
@@ -1103,8 +1140,10 @@ class HostSyncInHotLoop(Rule):
         if amortised(self.ctx) or self.ctx.in_test_code() or after_init_once_guard(self.ctx):
             return None  # already read every N steps, as the message advises; a test's assertion is its purpose
         loop = self._innermost_loop()
+        if loop is not None and self._synchronizes_every_iteration(loop):
+            return None  # the host already waits for the GPU each iteration: this read adds no wait
         if kind is not None:
-            if self._in_no_grad_function():
+            if self.ctx.in_no_grad_function():
                 return Severity.INFO
             if loop is not None and id(loop) not in self.ctx.analysis.hot and (
                     isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter)
@@ -1124,15 +1163,25 @@ class HostSyncInHotLoop(Rule):
                 return None
         return None
 
-    def _in_no_grad_function(self) -> bool:
-        for node in reversed(self.ctx.ancestors):
-            if isinstance(node, cst.FunctionDef):
-                for decorator in node.decorators:
-                    target = decorator.decorator
-                    target = target.func if isinstance(target, cst.Call) else target
-                    if self.ctx.qualname(target) in ("torch.no_grad", "torch.inference_mode"):
-                        return True
-                return False
+    def _synchronizes_every_iteration(self, loop: cst.For | cst.While) -> bool:
+        key = id(loop)
+        if key not in self._synchronizing_loops:
+            self._synchronizing_loops[key] = any(self._synchronizes(s) for s in _unconditional(loop.body))
+        return self._synchronizing_loops[key]
+
+    def _synchronizes(self, statement: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> bool:
+        """`torch.cuda.synchronize()`, or a call of a name bound to it (`sync = torch.cuda.synchronize if ...`)."""
+        for small in statement.body:
+            if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+                continue
+            func = small.value.func
+            if self.ctx.qualname(func) in _SYNCHRONIZE:
+                return True
+            if isinstance(func, cst.Name) and any(
+                    binding.value is not None and any(self.ctx.qualname(n) in _SYNCHRONIZE for n in walk(binding.value)
+                                                      if isinstance(n, cst.Attribute))
+                    for binding in self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors)):
+                return True
         return False
 
     def _feeds_environment(self) -> bool:

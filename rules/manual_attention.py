@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, has_star_args, method_name, string_value
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, has_star_args, method_name, string_value
 from gpulint.pins import torch_pinned_below
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -1015,7 +1015,7 @@ def _iter_nodes(node: cst.CSTNode, skip: cst.CSTNode | None = None) -> Iterator[
         if current is skip:
             continue
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))
 
 
 def _walk_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
@@ -1058,7 +1058,7 @@ def _names_read(node: cst.CSTNode, skip: cst.CSTNode | None = None) -> set[str]:
             continue
         if isinstance(current, (cst.Import, cst.ImportFrom)):
             continue
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))
     return found
 
 
@@ -1421,7 +1421,7 @@ def _scope_nodes(roots: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
         if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))
 
 
 def _weights_escape(roots: Sequence[cst.CSTNode], weights: set[str], params: set[str]) -> bool:

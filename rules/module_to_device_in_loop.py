@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, walk
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
 from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, TENSOR, Placement, amortised
 
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
@@ -281,6 +281,6 @@ def _walk_skipping_amortised(root: cst.CSTNode):  # noqa: ANN201 - iterator of n
         yield current
         if isinstance(current, cst.If) and any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
                                                for n in walk(current.test)):
-            stack.extend(reversed([c for c in current.children if c is not current.body]))
+            stack.extend(reversed([c for c in child_nodes(current) if c is not current.body]))
             continue
-        stack.extend(reversed(current.children))
+        stack.extend(reversed(child_nodes(current)))

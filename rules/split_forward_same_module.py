@@ -9,8 +9,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import (BindingKind, FileAnalysis, HotKind, PerFileFacts, call_arg, dotted_name, has_star_args,
-                              iter_calls, method_name, walk)
+from gpulint.analysis import (BindingKind, FileAnalysis, HotKind, PerFileFacts, call_arg, child_nodes, dotted_name,
+                              has_star_args, iter_calls, method_name, walk)
 from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
@@ -450,11 +450,11 @@ def _outer_calls(node: cst.BaseExpression) -> Iterator[cst.Call]:
     if isinstance(node, cst.Call):
         yield node
         return
-    for child in node.children:
+    for child in child_nodes(node):
         if isinstance(child, cst.BaseExpression):
             yield from _outer_calls(child)
         else:
-            for grandchild in child.children:
+            for grandchild in child_nodes(child):
                 if isinstance(grandchild, cst.BaseExpression):
                     yield from _outer_calls(grandchild)
 
@@ -582,7 +582,7 @@ class RowCheck:
     def touches(self, node: cst.CSTNode) -> bool:
         key = id(node)
         if key not in self._touch:
-            self._touch[key] = bool(self.tracked(node)) or any(self.touches(c) for c in node.children)
+            self._touch[key] = bool(self.tracked(node)) or any(self.touches(c) for c in child_nodes(node))
         return self._touch[key]
 
     def _dim_ok(self, dim: cst.BaseExpression | None, what: str) -> str | None:
@@ -641,7 +641,7 @@ class RowCheck:
         return self._children(node)
 
     def _children(self, node: cst.CSTNode) -> str | None:
-        for child in node.children:
+        for child in child_nodes(node):
             issue = self.issue(child)
             if issue:
                 return issue
@@ -877,7 +877,7 @@ def _only_asserted(a: FileAnalysis, fn: cst.FunctionDef | None, names: set[str],
         elif isinstance(node, cst.Name) and node.value in names:
             uses += 1
             return asserted
-        return all(visit(child, asserted) for child in node.children)
+        return all(visit(child, asserted) for child in child_nodes(node))
 
     return visit(fn.body, False) and uses > 0
 

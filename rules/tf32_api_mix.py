@@ -2,8 +2,8 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
-from gpulint.rules.tf32_not_enabled import (_program_index, current_text, location, tf32_facts,
-                                            training_entry_anchor)
+from gpulint.program import current_text, program_index
+from gpulint.rules.tf32_not_enabled import location, tf32_facts, training_entry_anchor
 
 
 class Tf32ApiMix(Rule):
@@ -104,13 +104,13 @@ class Tf32ApiMix(Rule):
         ctx = self.ctx
         anchor = training_entry_anchor(ctx, any_main_guard=True)
         if anchor is not None:
-            index = _program_index(ctx)
+            index = program_index(ctx)
             paths = index.reach(ctx.path)
         else:
             own = tf32_facts(ctx.path, current_text(ctx))
-            if not (own.tf32_new and own.tf32_legacy) or _program_index(ctx).entries_reaching(ctx.path):
+            if not (own.tf32_new and own.tf32_legacy) or program_index(ctx).entries_reaching(ctx.path):
                 return
-            index = _program_index(ctx)
+            index = program_index(ctx)
             paths = frozenset({ctx.path})
         legacy, new = [], []
         for path in sorted(paths):

@@ -1,9 +1,7 @@
 import ast
-import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import PurePosixPath
 from typing import Iterator
 
 import libcst as cst
@@ -12,19 +10,13 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_TEXT_PATTERN, dotted_name, walk
 from gpulint.network_size import network_size
 from gpulint.pins import torch_pinned_below
+from gpulint.program import MAIN_GUARD_TEXT, program_index, related_texts
 from gpulint.rule import is_test_path
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
-#
-# The program is what the command line names: `ctx.program.sources` holds the text of every file of the
-# run. Within it, a file's *related* files are: what it imports (transitively), the files that import it,
-# what the entry scripts importing it import, and the library (non-entry) files of its own folder and
-# below (a module may be imported in a way the resolver misses, so its settings count). Entry scripts that
-# share no import with the file, and files of other folders, are separate programs (a folder of independent
-# example scripts). `reach(path)` is narrower: the file plus what it imports, transitively.
 
-_MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
+_TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
 # CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
 _CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|\.to\(\s*0\s*\)|"""
                         r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
@@ -135,7 +127,7 @@ def _facts(text: str) -> _Facts:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return _Facts(is_entry=bool(_MAIN_GUARD_TEXT.search(text)))
+        return _Facts(is_entry=bool(MAIN_GUARD_TEXT.search(text)))
     visitor = _FactVisitor()
     visitor.visit(tree)
     is_entry = any(isinstance(s, ast.If) and _is_main_test(s.test) for s in tree.body) or any(
@@ -143,203 +135,9 @@ def _facts(text: str) -> _Facts:
     return _Facts(tuple(visitor.imports), is_entry, tuple(visitor.legacy), tuple(visitor.new))
 
 
-_IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
-                          r"|import[ \t]+([^\n#;]+))", re.M)
-_TOP_LOOP_TEXT = re.compile(r"^(for|while)\b", re.M)
-_STEP_TEXT = re.compile(r"\.backward\(|\.step\(")
-_TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
-
-
-@dataclass(frozen=True)
-class _GraphFacts:
-    imports: tuple[tuple[int, str, tuple[str, ...]], ...]
-    is_entry: bool
-
-
-@lru_cache(maxsize=8192)
-def _graph_facts(text: str) -> _GraphFacts:
-    """Imports and entry-ness of a file from its text alone (cheap: no parse; used for every file of a run)."""
-    imports = []
-    for match in _IMPORT_TEXT.finditer(text):
-        dots, module, names, plain = match.groups()
-        if plain is not None:
-            for part in plain.split(","):
-                name = part.strip().split(" as ")[0].strip()
-                if re.fullmatch(r"[\w.]+", name):
-                    imports.append((0, name, ()))
-        else:
-            listed = tuple(n.strip().split(" as ")[0].strip() for n in names.strip("()").replace("\\", "").split(","))
-            imports.append((len(dots), module, tuple(n for n in listed if re.fullmatch(r"\w+", n))))
-    is_entry = bool(_MAIN_GUARD_TEXT.search(text)) or bool(_TOP_LOOP_TEXT.search(text) and _STEP_TEXT.search(text))
-    return _GraphFacts(tuple(imports), is_entry)
-
-
-def _norm(path: str) -> str:
-    return PurePosixPath(os.path.normpath(path.replace("\\", "/"))).as_posix()
-
-
-class _ProgramIndex:
-    """Import graph over the files of one run (first-party imports resolved to files of the run)."""
-
-    def __init__(self, sources: dict[str, str]) -> None:
-        self.sources = sources
-        self.paths = list(sources)
-        self.facts = {path: _graph_facts(text) for path, text in sources.items()}
-        normal = {_norm(path): path for path in self.paths}
-        by_module: dict[str, list[str]] = {}
-        for path in self.paths:
-            parts = PurePosixPath(_norm(path)).with_suffix("").parts
-            parts = tuple(p for p in parts if p not in ("", "/", ".", ".."))
-            if parts and parts[-1] == "__init__":
-                parts = parts[:-1]
-            for start in range(len(parts)):
-                by_module.setdefault(".".join(parts[start:]), []).append(path)
-        self.edges: dict[str, set[str]] = {path: set() for path in self.paths}
-        for path in self.paths:
-            here = PurePosixPath(_norm(path)).parent.parts
-            for level, module, names in self.facts[path].imports:
-                targets: set[str] = set()
-                if level:
-                    base = here[:len(here) - (level - 1)] if level > 1 else here
-                    stem = list(base) + (module.split(".") if module else [])
-                    for extra in ([[]] + [[name] for name in names]):
-                        joined = "/".join(stem + extra)
-                        for candidate in (joined + ".py", joined + "/__init__.py"):
-                            if candidate in normal:
-                                targets.add(normal[candidate])
-                else:
-                    dotted = [module] + [f"{module}.{name}" for name in names]
-                    pieces = module.split(".")
-                    dotted += [".".join(pieces[:i]) for i in range(1, len(pieces))]
-                    for name in dotted:
-                        targets.update(self._closest(by_module.get(name, []), here))
-                targets.discard(path)
-                self.edges[path] |= targets
-        self._reach: dict[str, frozenset[str]] = {}
-        self._components: dict[str, frozenset[str]] = {}
-        self._related: dict[str, frozenset[str]] = {}
-
-    @staticmethod
-    def _closest(candidates: list[str], here: tuple[str, ...]) -> list[str]:
-        """Of several files with the same module name, those nearest to the importing file."""
-        if len(candidates) <= 1:
-            return candidates
-
-        def shared(path: str) -> int:
-            parts = PurePosixPath(_norm(path)).parent.parts
-            count = 0
-            for a, b in zip(parts, here):
-                if a != b:
-                    break
-                count += 1
-            return count
-
-        best = max(shared(c) for c in candidates)
-        return [c for c in candidates if shared(c) == best]
-
-    def reach(self, path: str) -> frozenset[str]:
-        if path not in self._reach:
-            seen = {path}
-            stack = [path]
-            while stack:
-                for target in self.edges.get(stack.pop(), ()):
-                    if target not in seen:
-                        seen.add(target)
-                        stack.append(target)
-            self._reach[path] = frozenset(seen)
-        return self._reach[path]
-
-    def component(self, path: str) -> frozenset[str]:
-        if path not in self._components:
-            undirected: dict[str, set[str]] = {p: set(t) for p, t in self.edges.items()}
-            for source, targets in self.edges.items():
-                for target in targets:
-                    undirected[target].add(source)
-            seen = {path}
-            stack = [path]
-            while stack:
-                for target in undirected.get(stack.pop(), ()):
-                    if target not in seen:
-                        seen.add(target)
-                        stack.append(target)
-            self._components[path] = frozenset(seen)
-        return self._components[path]
-
-    def importers(self, path: str) -> frozenset[str]:
-        """Files that import `path`, transitively."""
-        return frozenset(p for p in self.paths if p != path and path in self.reach(p))
-
-    def related(self, path: str) -> frozenset[str]:
-        """The files of the program `path` belongs to: what it imports, what imports it, what the entry
-        scripts that import it import, and the library (non-entry) files of its own folder and below."""
-        if path not in self._related:
-            found = set(self.reach(path)) | self.importers(path)
-            for entry in self.entries_reaching(path):
-                found |= self.reach(entry)
-            folder = PurePosixPath(_norm(path)).parent.as_posix()
-            prefix = "" if folder in (".", "") else folder + "/"
-            found |= {p for p in self.paths if not self.facts[p].is_entry and _norm(p).startswith(prefix)}
-            self._related[path] = frozenset(found)
-        return self._related[path]
-
-    def entries_reaching(self, path: str) -> list[str]:
-        return [p for p in self.paths if self.facts[p].is_entry and path in self.reach(p)]
-
-
-def _program_index(ctx) -> _ProgramIndex:
-    """The import graph of the run, built once per program (cached on the ProgramFacts object)."""
-    program = ctx.program
-    program.searched = True  # the result depends on other files: the results cache keys it by the program
-    index = getattr(program, "_gpulint_precision_index", None)
-    if index is None or index.sources is not program.sources or ctx.path not in index.facts:
-        sources = program.sources if ctx.path in program.sources else {**program.sources, ctx.path: current_text(ctx)}
-        index = _ProgramIndex(sources)
-        setattr(program, "_gpulint_precision_index", index)
-    return index
-
-
-def current_text(ctx) -> str:
-    """The text of the file being linted, as the run read it. During fix passes the file may have changed
-    since; rules that fix make their own idempotency checks on the syntax tree. (Regenerating the text from
-    the tree costs a full code generation per file, so it is only done for a file the run did not read.)"""
-    text = ctx.program.sources.get(ctx.path)
-    if text is not None:
-        return text
-    cached = getattr(ctx, "_gpulint_current_text", None)
-    if cached is None or cached[0] is not ctx.module:
-        cached = (ctx.module, ctx.module.code)
-        setattr(ctx, "_gpulint_current_text", cached)
-    return cached[1]
-
-
 def tf32_facts(path: str, text: str) -> _Facts:
     """TF32 API uses of one file (parsed only when its text names a TF32 API)."""
     return _facts(text) if _TF32_TEXT.search(text) else _Facts()
-
-
-def related_texts(ctx) -> dict[str, str]:
-    """path -> text of the files that belong to the same program as the current file (itself included)."""
-    index = _program_index(ctx)
-    texts = {path: index.sources[path] for path in index.related(ctx.path)}
-    texts[ctx.path] = current_text(ctx)
-    return texts
-
-
-def reach_texts(ctx) -> dict[str, str]:
-    """path -> text of the current file and the first-party modules it imports (transitively)."""
-    index = _program_index(ctx)
-    texts = {path: index.sources[path] for path in index.reach(ctx.path)}
-    texts[ctx.path] = current_text(ctx)
-    return texts
-
-
-def search_texts(texts: dict[str, str], pattern: re.Pattern[str]) -> list[tuple[str, int]]:
-    """(path, line) of every match of `pattern` in `texts`."""
-    found = []
-    for path, text in texts.items():
-        for match in pattern.finditer(text):
-            found.append((path, text.count("\n", 0, match.start()) + 1))
-    return found
 
 
 def training_entry_anchor(ctx, *, any_main_guard: bool = False) -> cst.CSTNode | None:
@@ -624,7 +422,7 @@ class Tf32NotEnabled(Rule):
         else:
             statement = f'{torch_name}.set_float32_matmul_precision("high")'
         guard = self.ctx.analysis.main_guard
-        if anchor is guard and isinstance(guard.body, cst.IndentedBlock) and _program_index(self.ctx).importers(
+        if anchor is guard and isinstance(guard.body, cst.IndentedBlock) and program_index(self.ctx).importers(
                 self.ctx.path):
             # other files of the program import this script: keep the global setting out of their import
             indent = guard.body.indent if guard.body.indent is not None else self.ctx.module.default_indent

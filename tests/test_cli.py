@@ -348,3 +348,13 @@ def test_rule_page_generator_is_generic(tmp_path):
     (tmp_path / "GPU011.md").write_text("edited by hand")
     assert stale_pages(tmp_path) == ["GPU011.md", "GPU999.md"]
     shutil.rmtree(tmp_path)
+
+
+def test_notebooks_and_empty_folders_are_named_not_silently_passed(tmp_path):
+    (tmp_path / "analysis.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    named = gpulint("check", "analysis.ipynb", cwd=tmp_path)
+    assert named.returncode == 0
+    assert "analysis.ipynb: Jupyter notebooks are not checked; skipped" in named.stderr
+    walked = gpulint("check", ".", cwd=tmp_path)
+    assert "no Python files found under the given path(s)" in walked.stderr
+    assert gpulint("check", ".", "--silent", cwd=tmp_path).stderr == ""

@@ -89,3 +89,45 @@ def test_fix_goes_into_the_main_guard_when_the_entry_script_is_imported(tmp_path
     assert fixed[0].startswith("import torch\nimport torchvision\n\n\ndef main():")  # nothing after the imports
     assert fixed[0].endswith('if __name__ == "__main__":\n    torch.set_float32_matmul_precision("high")\n'
                              '    # run\n    main()\n')
+
+
+CPU_SCRIPT = """\
+import torch
+import torchvision
+data = torchvision.datasets.MNIST("data", train=True, download=True, transform=torchvision.transforms.ToTensor())
+loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
+model = torch.nn.Linear(784, 10)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x.view(-1, 784)), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+GPU_SCRIPT = CPU_SCRIPT.replace("model = torch.nn.Linear(784, 10)", "model = torch.nn.Linear(784, 10).cuda()") \
+    .replace("model(x.view(-1, 784))", "model(x.view(-1, 784).cuda(non_blocking=True))") \
+    .replace(", y)", ", y.cuda(non_blocking=True))")
+
+
+def test_an_unrelated_cuda_script_lends_no_cuda_evidence(tmp_path: Path):
+    """Two tutorial scripts in sibling folders, one on the CPU: its DataLoader is not in a CUDA program."""
+    (tmp_path / "basics").mkdir()
+    (tmp_path / "basics" / "main.py").write_text(CPU_SCRIPT)
+    (tmp_path / "on_gpu").mkdir()
+    (tmp_path / "on_gpu" / "main.py").write_text(GPU_SCRIPT)
+    rules = [rule_by_code(code) for code in ("GPU010", "GPU050")]
+    result = run([str(tmp_path)], rules, jobs=1)
+    flagged = {(Path(d.path).parent.name, d.code) for d in result.diagnostics}
+    assert flagged == {("on_gpu", "GPU050")}  # (MNIST batches without workers are too small for GPU010)
+
+
+def test_a_module_imported_by_a_cuda_script_is_in_a_cuda_program(tmp_path: Path):
+    (tmp_path / "data.py").write_text(
+        "import torch\n"
+        "def make_loader(ds):\n"
+        "    return torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4)\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom data import make_loader\nmodel = Net().cuda()\n"
+        "for x, y in make_loader(ds):\n    model(x.cuda(non_blocking=True)).sum().backward()\n")
+    result = run([str(tmp_path)], [rule_by_code("GPU010")], jobs=1)
+    assert [(Path(d.path).name, d.code) for d in result.diagnostics] == [("data.py", "GPU010")]
