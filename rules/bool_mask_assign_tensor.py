@@ -66,7 +66,7 @@ class BoolMaskAssignTensor(Rule):
             class Scaled(torch.nn.Module):
                 def forward(self, ids):
                     kinds = torch.tensor(self.kind_list)
-                    scale = torch.ones_like(torch.Tensor(self.kind_list))
+                    scale = torch.ones_like(torch.Tensor(self.kind_list)).to(torch.float32)
                     scale[torch.remainder(kinds, 3) == 0] = torch.sqrt(torch.tensor([0.25]))
                     return self.embed(ids) * scale.to(ids.device)[:, None]
             model = Scaled().cuda()

@@ -57,6 +57,8 @@ _NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "a
 # Of those, the ones `nn.Module` shares (`model.half()`, `net.requires_grad_(False)`): not evidence either.
 _MODULE_SHARED = {"float", "double", "half", "bfloat16", "requires_grad_"}
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
+_DTYPES = {"float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
+           "int16", "short", "int8", "uint8", "bool", "complex64", "complex128"}
 _TORCH_NON_TENSOR_FUNCS = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled",
                            "get_default_dtype", "device", "Size", "finfo", "iinfo", "manual_seed", "save", "load",
                            "compile", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
@@ -224,7 +226,14 @@ class Placement:
         if isinstance(node.func, cst.Attribute) and (name in _FILL_METHODS or name in _TENSOR_METHODS
                                                      and not name.startswith("new_") and name != "copy_"):
             return self._host_operands([node.func.value] + [arg.value for arg in node.args if not arg.star], depth)
+        if name == "to" and node.args and all(  # `.to(torch.float32)`: a cast stays where it is
+                (arg.keyword is None or arg.keyword.value == "dtype") and self._is_dtype(arg.value) for arg in node.args):
+            return self.built_on_host(node.func.value, depth + 1)  # type: ignore[union-attr]
         return False
+
+    def _is_dtype(self, node: cst.BaseExpression) -> bool:
+        qual = self.ctx.qualname(node) or ""
+        return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _DTYPES
 
     def _host_operands(self, operands: list[cst.BaseExpression], depth: int) -> bool:
         """At least one operand built on the host, the others Python values (never a tensor of unknown place)."""
