@@ -276,6 +276,9 @@ IS_AVAILABLE_TEXT = r"(?<!pin_memory=)torch\.cuda\.is_available\("
 # CUDA named in the text of a file (`"cuda:0"`, `.cuda(`, `torch.cuda.is_available(`): rules add their own extras
 CUDA_TEXT_PATTERN = r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT
 CUDA_OR_ACCELERATOR_TEXT = re.compile(CUDA_TEXT_PATTERN + r"|torch\.accelerator\.")
+# CUDA named anywhere in a file of the program: also `f"cuda:{rank}"`, device selection and the NCCL backend
+PROGRAM_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|torch\.cuda\.(set_device|current_device|synchronize)\(|"""
+                               r"""["']nccl["']""")
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}

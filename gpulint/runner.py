@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from gpulint.analysis import IS_AVAILABLE_TEXT
+from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover
@@ -23,7 +23,6 @@ from gpulint.registry import META_CODES, rule_by_code
 from gpulint.rule import Rule
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
 
-_CUDA_TEXT = re.compile(r"""["']cuda(?::\d+)?["']|\.cuda\(|f["']cuda""")
 _MAYBE_CUDA_TEXT = re.compile(IS_AVAILABLE_TEXT)
 _CLASS_TEXT = re.compile(r"^\s*class\s+(\w+)\s*\(([^)]*)\)", re.M)
 
@@ -63,7 +62,7 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     classes: dict[str, str] = {}
     for path, source in sources:
         facts.sources[path] = source.text
-        facts.cuda_evidence |= bool(_CUDA_TEXT.search(source.text))
+        facts.cuda_evidence |= bool(PROGRAM_CUDA_TEXT.search(source.text))
         facts.maybe_cuda_evidence |= bool(_MAYBE_CUDA_TEXT.search(source.text))
         for name, bases in _CLASS_TEXT.findall(source.text):
             classes[name] = bases
