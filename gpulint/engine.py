@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
@@ -197,7 +196,7 @@ def lint_text(
     reports = [(rule, report) for rule in instances for report in rule.reports]
     if not reports:
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = node_positions(module)
     newline = newline_of(text)
     indents = _Indents(module)
     diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents, text)
@@ -207,10 +206,80 @@ def lint_text(
     return LintResult(path, sorted(unique.values(), key=Diagnostic.sort_key), module, analysis)
 
 
-def _position(positions: Any, node: cst.CSTNode) -> tuple[Position, Position]:
-    code_range = positions[node]
-    return (Position(code_range.start.line, code_range.start.column + 1),
-            Position(code_range.end.line, code_range.end.column + 1))
+def _position(positions: dict[int, tuple[int, int, int, int]], node: cst.CSTNode) -> tuple[Position, Position]:
+    start_line, start_column, end_line, end_column = positions[id(node)]
+    return Position(start_line, start_column + 1), Position(end_line, end_column + 1)
+
+
+def node_positions(module: cst.Module) -> dict[int, tuple[int, int, int, int]]:
+    """id(node) -> (start line, start column, end line, end column) of every node of `module`, as libcst's
+    PositionProvider computes them (lines from 1, columns from 0), from one code generation. The provider
+    itself costs nearly twice as much: its wrapper walks the tree once more, and each position is an object."""
+    state = _PositionState(module.default_indent, module.default_newline)
+    module._codegen(state)
+    return state.ranges
+
+
+class _PositionState(CodegenState):
+    """Code generation that tracks the line and column and records each node's range: the syntactic range
+    where a node's code generation records one (hoisted from `start_node`/`end_node` when given), else the
+    whitespace-inclusive range around it, as PositionProvider does."""
+
+    def __init__(self, default_indent: str, default_newline: str) -> None:
+        super().__init__(default_indent=default_indent, default_newline=default_newline)
+        self.line = 1
+        self.column = 0
+        self.ranges: dict[int, tuple[int, int, int, int]] = {}
+        self._starts: list[tuple[int, int]] = []
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        if "\n" in value or "\r" in value:
+            segments = _NEWLINES.split(value)
+            self.line += len(segments) - 1
+            self.column = len(segments[-1])
+        else:
+            self.column += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._starts.append((self.line, self.column))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._starts.pop()
+        self.ranges.setdefault(id(node), (start[0], start[1], self.line, self.column))
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
+                                  end_node: cst.CSTNode | None = None) -> "_SyntacticRange":
+        return _SyntacticRange(self, node, start_node, end_node)
+
+
+class _SyntacticRange:
+    """The context manager libcst's code generation wraps around a node's syntactic part (a class, not a
+    generator: it runs for most nodes)."""
+
+    __slots__ = ("state", "node", "start_node", "end_node", "start")
+
+    def __init__(self, state: _PositionState, node: cst.CSTNode, start_node: cst.CSTNode | None,
+                 end_node: cst.CSTNode | None) -> None:
+        self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
+        self.start = (state.line, state.column)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> bool:
+        state = self.state
+        start = state.ranges[id(self.start_node)][:2] if self.start_node is not None else self.start
+        end = state.ranges[id(self.end_node)][2:] if self.end_node is not None else (state.line, state.column)
+        state.ranges[id(self.node)] = (*start, *end)
+        return False
+
+
+_NEWLINES = re.compile(r"\r\n?|\n")
 
 
 class _Indents:
