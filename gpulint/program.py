@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
@@ -221,3 +221,29 @@ def related_targets_cuda(ctx, pattern: re.Pattern[str]) -> bool:
         cached = index.cuda_related[ctx.path] = any(
             pattern.search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
     return cached
+
+
+def imported_files(path: Path, text: str, root: Path) -> list[Path]:
+    """First-party modules `path` imports that exist on disk: `import a.b` / `from a.b import c` resolved from
+    the file's folder and each folder above it up to `root`, relative imports from its package."""
+    here = path.resolve().parent
+    bases = [here, *[p for p in here.parents if p == root or root in p.parents]]
+    found: list[Path] = []
+    for level, module, names in _graph_facts(text).imports:
+        parts = [p for p in module.split(".") if p]
+        if level:
+            package = here
+            for _ in range(level - 1):
+                package = package.parent
+            starts = [package]
+        else:
+            starts = bases
+        for start in starts:
+            stem = start.joinpath(*parts)
+            candidates = [stem.with_suffix(".py"), stem / "__init__.py"] if parts else []
+            candidates += [stem / f"{name}.py" for name in names]
+            hits = [c for c in candidates if c.is_file()]
+            if hits:
+                found.extend(hits)
+                break
+    return found

@@ -16,9 +16,10 @@ from typing import Any, Callable, Iterator, Sequence
 from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
-from gpulint.discovery import discover
+from gpulint.discovery import discover, find_project_root
 from gpulint.engine import ProgramFacts, RuleCrash, lint_text
 from gpulint.fixer import FixOutcome, fix_text
+from gpulint.program import imported_files
 from gpulint.registry import META_CODES, rule_by_code
 from gpulint.rule import Rule
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
@@ -78,6 +79,38 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     return facts
 
 
+_CONTEXT_DEPTH = 3  # import levels followed from the files named on the command line
+_CONTEXT_LIMIT = 300  # files read for context at most
+
+
+def _imported_context(sources: Sequence[tuple[str, SourceFile]]) -> list[tuple[str, SourceFile]]:
+    """First-party modules the run's files import (transitively) that the run does not lint: read, not linted,
+    so that `gpulint check train.py` (or a pre-commit hook given only the changed files) sees the same program
+    as `gpulint check .`: TF32 set in an imported config module, the network defined in `models.py`."""
+    seen = {str(source.path.resolve()) for _, source in sources}
+    roots: dict[Path, Path] = {}
+    context: list[tuple[str, SourceFile]] = []
+    frontier = list(sources)
+    for _ in range(_CONTEXT_DEPTH):
+        following: list[tuple[str, SourceFile]] = []
+        for _, source in frontier:
+            folder = source.path.resolve().parent
+            root = roots.setdefault(folder, find_project_root(folder))
+            for found in imported_files(source.path, source.text, root):
+                key = str(found.resolve())
+                if key in seen or len(context) >= _CONTEXT_LIMIT:
+                    continue
+                seen.add(key)
+                try:
+                    read = read_source(found)
+                except SourceError:
+                    continue  # context only: a file the run cannot read is simply not consulted
+                following.append((display_path(found), read))
+        context.extend(following)
+        frontier = following
+    return context
+
+
 def _always(diagnostic: Diagnostic) -> bool:
     return True
 
@@ -114,13 +147,14 @@ def run(
             sources.append((shown, read_source(path)))
         except SourceError as error:
             reports.append(FileReport(shown, [_io_error(shown, str(error))]))
-    program = program_facts(sources)
+    program = program_facts([*sources, *_imported_context(sources)])
     tasks = [_Task(shown, source, tuple(r.code for r in (file_filter(source.path) if file_filter else rules)),
                    options_for(source.path) if options_for else (rule_options or {}))
              for shown, source in sources]
     settings = _Settings(fix, write, min_safety, can_fix)
     cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
-    program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in sources))
+    program_key = digest(sorted((shown, content_hash(text.encode("utf-8", "surrogateescape")))
+                                for shown, text in program.sources.items()))
     facts_key = digest(program.summary())
     pending: list[_Task] = []
     for task in tasks:

@@ -57,10 +57,14 @@ def test_program(program: Path, tmp_path: Path):
     assert found == expected
 
 
-def test_tf32_set_in_an_imported_module_counts_only_when_both_files_are_linted(tmp_path: Path):
+def test_tf32_set_in_an_imported_module_counts_even_when_only_the_script_is_named(tmp_path: Path):
+    """`gpulint check train.py` (or pre-commit with only train.py changed) reads the modules train.py imports
+    as context: the same program as `gpulint check .`. A text linted with no files around it has no context."""
     texts = _materialize(FIXTURES / "GPU020" / "programs" / "tf32_in_module", tmp_path)
     alone = lint_text(texts["train.py"], "train.py", [rule_by_code("GPU020")]).diagnostics
-    assert [d.code for d in alone] == ["GPU020"]  # the program is what the command line names
+    assert [d.code for d in alone] == ["GPU020"]
+    named = run([str(tmp_path / "train.py")], [rule_by_code("GPU020")], jobs=1)
+    assert [d.code for d in named.diagnostics] == []
     together = _findings(tmp_path).diagnostics
     assert not [d for d in together if d.code == "GPU020"]
 
