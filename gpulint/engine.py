@@ -146,8 +146,19 @@ class _Dispatcher:
 
 
 def might_match(text: str, rules: Iterable[type[Rule]]) -> list[type[Rule]]:
-    """Rules whose cheap text triggers occur in `text` (no trigger: always run)."""
-    return [r for r in rules if not r.triggers or any(t in text for t in r.triggers)]
+    """Rules whose cheap text triggers occur in `text` (no trigger: always run). A file that names neither torch
+    nor CUDA (nor `Tensor`, `nn.`, the `TORCH*`/`CUBLAS*` settings) and calls no `.to(`, `.item(` or
+    `.backward(` (a training helper need not import torch) is no PyTorch code: no built-in rule runs on it
+    (rules defined elsewhere, e.g. in a plugin, decide by their own triggers)."""
+    pytorch = _PYTORCH_TEXT.search(text) is not None
+    return [r for r in rules if (pytorch or not r.__module__.startswith(_BUILTIN_RULES))
+            and (not r.triggers or any(t in text for t in r.triggers))]
+
+
+_BUILTIN_RULES = "gpulint.rules."
+
+
+_PYTORCH_TEXT = re.compile(r"torch|cuda|tensor|nn\.|cublas|backward\(|\.to\(|\.item\(", re.I)
 
 
 def lint_text(
