@@ -227,23 +227,30 @@ def imported_files(path: Path, text: str, root: Path) -> list[Path]:
     """First-party modules `path` imports that exist on disk: `import a.b` / `from a.b import c` resolved from
     the file's folder and each folder above it up to `root`, relative imports from its package."""
     here = path.resolve().parent
-    bases = [here, *[p for p in here.parents if p == root or root in p.parents]]
+    bases = tuple([here, *[p for p in here.parents if p == root or root in p.parents]])
     found: list[Path] = []
     for level, module, names in _graph_facts(text).imports:
-        parts = [p for p in module.split(".") if p]
-        if level:
-            package = here
-            for _ in range(level - 1):
-                package = package.parent
-            starts = [package]
-        else:
-            starts = bases
-        for start in starts:
-            stem = start.joinpath(*parts)
-            candidates = [stem.with_suffix(".py"), stem / "__init__.py"] if parts else []
-            candidates += [stem / f"{name}.py" for name in names]
-            hits = [c for c in candidates if c.is_file()]
-            if hits:
-                found.extend(hits)
-                break
+        found.extend(_resolve_import(here, bases, level, module, names))
     return found
+
+
+@lru_cache(maxsize=16384)
+def _resolve_import(here: Path, bases: tuple[Path, ...], level: int, module: str, names: tuple[str, ...]
+                    ) -> tuple[Path, ...]:
+    """The files one import statement names (the files of a folder import the same modules: asked once)."""
+    parts = [p for p in module.split(".") if p]
+    if level:
+        package = here
+        for _ in range(level - 1):
+            package = package.parent
+        starts: tuple[Path, ...] = (package,)
+    else:
+        starts = bases
+    for start in starts:
+        stem = start.joinpath(*parts)
+        candidates = [stem.with_suffix(".py"), stem / "__init__.py"] if parts else []
+        candidates += [stem / f"{name}.py" for name in names]
+        hits = tuple(c for c in candidates if c.is_file())
+        if hits:
+            return hits
+    return ()

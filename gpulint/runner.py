@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -63,8 +64,10 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     classes: dict[str, str] = {}
     for path, source in sources:
         facts.sources[path] = source.text
-        facts.cuda_evidence |= bool(PROGRAM_CUDA_TEXT.search(source.text))
-        facts.maybe_cuda_evidence |= bool(_MAYBE_CUDA_TEXT.search(source.text))
+        text = source.text
+        # the literal tests first: most files name neither, and the regexes have no literal prefix to skip by
+        facts.cuda_evidence |= ("cuda" in text or "nccl" in text) and bool(PROGRAM_CUDA_TEXT.search(text))
+        facts.maybe_cuda_evidence |= "is_available" in text and bool(_MAYBE_CUDA_TEXT.search(text))
         for name, bases in _CLASS_TEXT.findall(source.text):
             classes[name] = bases
     changed = True
@@ -223,11 +226,19 @@ def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settin
     settings = settings or _WORKER["settings"]
     program.searched = False
     rules = [rule_by_code(code) for code in task.codes]
+    # A syntax tree is millions of objects without reference cycles (freed by reference counting): the cyclic
+    # collector's passes over them while one file is linted cost a fifth of the time and free nothing. It runs
+    # between files as usual.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.write,
                            settings.min_safety, task.options, settings.can_fix)
     except RuleCrash as crash:
         return task, str(crash), False
+    finally:
+        if collecting:
+            gc.enable()
     return task, report, program.searched
 
 
