@@ -5,8 +5,9 @@
 CORPUS_DIR is any tree of real Python code (e.g. the unpacked wheels of timm, lightning and torchvision and a
 checkout of pytorch/examples). `--peers-bin` is the bin/ folder of a virtualenv with `torchfix`, `fixit` and
 `ruff` installed (`python -m venv peers && peers/bin/pip install torchfix fixit ruff`); tools that are not
-found are skipped. Each tool runs `--repeat` times; the table gives the median and the ratio to TorchFix.
-Machines are shared and noisy, so only ratios from one run are meaningful.
+found are skipped. Each tool runs `--repeat` times, in rounds (every tool once per round, so that a noisy spell
+of a shared machine falls on all of them); the table gives the median and the ratio to TorchFix. Machines are
+shared and noisy, so only ratios from one run are meaningful.
 """
 
 from __future__ import annotations
@@ -86,17 +87,21 @@ def main() -> int:
         else:
             print(f"skipping {name}: not installed", file=sys.stderr)
     timed(tools[1][1], corpus, env)  # fill the warm cache once
-    medians: dict[str, float] = {}
-    for name, command in tools:
-        runs: list[float] = []
-        while len(runs) < args.repeat and math.inf not in runs:  # a run past the timeout is not repeated
-            runs.append(timed(command, corpus, env, args.timeout))
-        medians[name] = statistics.median(runs)
-        print(f"{name}: {', '.join(f'{r:.2f}' for r in runs)} s", file=sys.stderr)
+    # Rounds: every tool once per round, so that a noisy spell of the shared machine falls on all tools alike
+    # rather than on the repetitions of one.
+    runs: dict[str, list[float]] = {name: [] for name, _ in tools}
+    for round_index in range(args.repeat):
+        for name, command in tools:
+            if math.inf in runs[name]:
+                continue  # a run past the timeout is not repeated
+            runs[name].append(timed(command, corpus, env, args.timeout))
+        print(f"round {round_index + 1}: " + ", ".join(f"{name} {runs[name][-1]:.2f}" for name, _ in tools),
+              file=sys.stderr)
+    medians = {name: statistics.median(values) for name, values in runs.items()}
     shutil.rmtree(cache, ignore_errors=True)
     base = medians.get("torchfix")
     ruff = medians.get("ruff --select ALL")
-    print(f"{files} files, {os.cpu_count()} cores, median of {args.repeat} runs\n")
+    print(f"{files} files, {os.cpu_count()} cores, median of {args.repeat} interleaved runs\n")
     print("| tool | median wall time (s) | vs TorchFix | vs ruff |")
     print("| --- | --- | --- | --- |")
     def ratio(value: float, reference: float | None, digits: int) -> str:
