@@ -90,7 +90,6 @@ class ProgramIndex:
                 targets.discard(path)
                 self.edges[path] |= targets
         self._reach: dict[str, frozenset[str]] = {}
-        self._components: dict[str, frozenset[str]] = {}
         self._related: dict[str, frozenset[str]] = {}
         self.cuda_related: dict[str, bool] = {}  # path -> a related file names CUDA (RuleContext.targets_cuda)
 
@@ -114,31 +113,8 @@ class ProgramIndex:
 
     def reach(self, path: str) -> frozenset[str]:
         if path not in self._reach:
-            seen = {path}
-            stack = [path]
-            while stack:
-                for target in self.edges.get(stack.pop(), ()):
-                    if target not in seen:
-                        seen.add(target)
-                        stack.append(target)
-            self._reach[path] = frozenset(seen)
+            self._reach[path] = _reachable(self.edges, path)
         return self._reach[path]
-
-    def component(self, path: str) -> frozenset[str]:
-        if path not in self._components:
-            undirected: dict[str, set[str]] = {p: set(t) for p, t in self.edges.items()}
-            for source, targets in self.edges.items():
-                for target in targets:
-                    undirected[target].add(source)
-            seen = {path}
-            stack = [path]
-            while stack:
-                for target in undirected.get(stack.pop(), ()):
-                    if target not in seen:
-                        seen.add(target)
-                        stack.append(target)
-            self._components[path] = frozenset(seen)
-        return self._components[path]
 
     def importers(self, path: str) -> frozenset[str]:
         """Files that import `path`, transitively."""
@@ -159,6 +135,18 @@ class ProgramIndex:
 
     def entries_reaching(self, path: str) -> list[str]:
         return [p for p in self.paths if self.facts[p].is_entry and path in self.reach(p)]
+
+
+def _reachable(edges: dict[str, set[str]], start: str) -> frozenset[str]:
+    """`start` and every node reachable from it along `edges`."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        for target in edges.get(stack.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return frozenset(seen)
 
 
 def program_index(ctx) -> ProgramIndex:
