@@ -1,11 +1,12 @@
 import re
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import child_nodes, dotted_name, has_star_args, walk
-from gpulint.pins import torch_pinned_below
+from gpulint.pins import torch_admitted_below, torch_pinned_below
 
 # deprecated qualified name -> (new qualified name, device, kind)
 _DEPRECATED = {
@@ -70,7 +71,8 @@ class DeprecatedCudaAmpApi(Rule):
     the new one defaults to `torch.get_autocast_dtype(device)`: the same unless the program calls
     `torch.set_autocast_dtype`, in which case the fix spells the dtype out. Not reported: code under a
     version gate (`if hasattr(torch.amp, "GradScaler")`, `try: ... except ImportError`), and projects whose
-    requirements pin torch below 2.3 (2.4 for `custom_fwd`/`custom_bwd`). No fix where a name is also used
+    requirements pin torch below 2.3 (2.4 for `custom_fwd`/`custom_bwd`). Where the requirements only admit such
+    a torch (`torch>=1.7`), the fix is unsafe (applied with `--unsafe-fixes`). No fix where a name is also used
     as a value (`isinstance(s, GradScaler)` would stop matching) or is bound more than once.
     """
 
@@ -214,7 +216,7 @@ class DeprecatedCudaAmpApi(Rule):
             self.report(node, message)
             return
         new = new.with_changes(func=cst.parse_expression(func))
-        self.report(node, message, replacement=new, imports=imports + extra_imports)
+        self.report(node, message, replacement=new, imports=imports + extra_imports, **self._fix_policy(kind))
 
     def visit_Decorator(self, node: cst.Decorator) -> None:
         decorator = node.decorator
@@ -234,7 +236,7 @@ class DeprecatedCudaAmpApi(Rule):
             return
         func, imports = self.ctx.spell(_DEPRECATED[qual][0])
         new = cst.parse_expression(f'{func}(device_type="{device}")')
-        self.report(decorator, self._message(qual), replacement=new, imports=imports)
+        self.report(decorator, self._message(qual), replacement=new, imports=imports, **self._fix_policy(kind))
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -250,6 +252,17 @@ class DeprecatedCudaAmpApi(Rule):
         head = (dotted_name(func) or "").split(".")[0]
         from_imported = self.ctx.analysis.aliases.get(head) in _DEPRECATED
         return qual, head if from_imported else None
+
+    def _fix_policy(self, kind: str) -> dict[str, Any]:
+        """A project whose requirements admit a torch older than the new API (`torch>=1.7`) gets the fix only
+        with --unsafe-fixes: on such a torch the rewritten code would not run."""
+        minimum = _MIN_TORCH[kind]
+        requirement = torch_admitted_below(self.ctx.path, minimum)
+        if requirement is None:
+            return {}
+        return {"safety": Safety.UNSAFE,
+                "note": f"the project's requirements admit older torch (`{requirement}`); the new API needs torch "
+                        f"{minimum[0]}.{minimum[1]}: raise the requirement, or apply with --unsafe-fixes"}
 
     def _skipped(self, kind: str) -> bool:
         return self._gated() or torch_pinned_below(self.ctx.path, _MIN_TORCH[kind])
@@ -296,7 +309,7 @@ class DeprecatedCudaAmpApi(Rule):
         if group.edits is None:
             self.report(node, message)
         else:
-            self.report(node, message, replacements=group.edits, imports=group.imports)
+            self.report(node, message, replacements=group.edits, imports=group.imports, **self._fix_policy(kind))
 
     def _group_for(self, local: str) -> "_ImportGroup | None":
         if self._parents is None:

@@ -5,9 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from gpulint import pins
+from gpulint.diagnostics import Safety
 from gpulint.engine import lint_text
-from gpulint.pins import torch_pinned_below
+from gpulint.pins import torch_admitted_below, torch_pinned_below
 from gpulint.registry import rule_by_code
+from gpulint.runner import run
 
 
 @pytest.mark.parametrize(("name", "text", "below_2_1", "below_2_0"), [
@@ -67,3 +70,30 @@ def test_torch_2_0_has_no_fused_sgd_nor_sdpa_scale(tmp_path: Path):
 
 def test_torch_1_x_has_neither_fused_optimizers_nor_sdpa(tmp_path: Path):
     assert _findings(tmp_path, "1.13.1") == {}
+
+
+@pytest.mark.parametrize(("text", "admitted"), [
+    ("torch>=1.7.0\n", "torch>=1.7.0"),
+    ("torch>=2.4\n", None),
+    ("torch==2.3.1\n", None),
+    ("torch~=2.1\n", "torch~=2.1"),
+    ("torch\n", None),  # a bare requirement says nothing
+])
+def test_lower_bounds_below_an_api_are_found(tmp_path: Path, text, admitted):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "requirements.txt").write_text(text)
+    (tmp_path / "train.py").write_text("import torch\n")
+    assert torch_admitted_below(str(tmp_path / "train.py"), (2, 3)) == admitted
+
+
+def test_amp_fix_is_unsafe_where_the_project_admits_an_older_torch(tmp_path: Path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "requirements.txt").write_text("torch>=1.7.0\n")
+    (tmp_path / "train.py").write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    [finding] = run([str(tmp_path / "train.py")], [rule_by_code("GPU022")], jobs=1).diagnostics
+    assert finding.fix is not None and finding.fix.safety is Safety.UNSAFE
+    assert "torch>=1.7.0" in (finding.note or "")
+    (tmp_path / "requirements.txt").write_text("torch>=2.4\n")
+    pins._torch_specs.cache_clear()  # requirement files are read once per run
+    [finding] = run([str(tmp_path / "train.py")], [rule_by_code("GPU022")], jobs=1).diagnostics
+    assert finding.fix is not None and finding.fix.safety is Safety.SAFE
