@@ -65,8 +65,9 @@ class BoolMaskAssignTensor(Rule):
             import torch
             class Scaled(torch.nn.Module):
                 def forward(self, ids):
-                    kinds = torch.tensor(self.kind_list)
-                    scale = torch.ones_like(torch.Tensor(self.kind_list)).to(torch.float32)
+                    kinds = self.kind_list
+                    kinds = torch.Tensor(kinds).long()
+                    scale = torch.ones_like(kinds).to(torch.float32)
                     scale[torch.remainder(kinds, 3) == 0] = torch.sqrt(torch.tensor([0.25]))
                     return self.embed(ids) * scale.to(ids.device)[:, None]
             model = Scaled().cuda()

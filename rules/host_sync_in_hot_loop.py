@@ -182,67 +182,71 @@ class Placement:
                     return False
         return found_host
 
-    def built_on_host(self, node: cst.BaseExpression | None, depth: int = 0) -> bool:
+    def built_on_host(self, node: cst.BaseExpression | None, depth: int = 0, before: int | None = None) -> bool:
         """A tensor made on the CPU by this code: a torch factory without `device=` (`torch.rand(1)`,
         `torch.empty(1).uniform_(a, b)`, `torch.tensor(x)`), or a value computed only from such tensors and
         Python values by elementwise ops, casts, in-place fills or indexing. Narrower than `of(...) == HOST`
-        (no DataLoader batches or module outputs, whose placement a model may change)."""
+        (no DataLoader batches or module outputs, whose placement a model may change). `before`: the order of the
+        statement being resolved (None: the current node), so that `m = torch.Tensor(m)` reads the earlier `m`."""
         if node is None or depth > 6 or self.default_device:
             return False
         if isinstance(node, cst.Subscript):
-            return self.built_on_host(node.value, depth + 1)
+            return self.built_on_host(node.value, depth + 1, before)
         if isinstance(node, cst.UnaryOperation) and not isinstance(node.operator, cst.Not):
-            return self.built_on_host(node.expression, depth + 1)
+            return self.built_on_host(node.expression, depth + 1, before)
         if isinstance(node, cst.BinaryOperation):
-            return self._host_operands([node.left, node.right], depth)
+            return self._host_operands([node.left, node.right], depth, before)
         if isinstance(node, cst.Comparison):
-            return self._host_operands([node.left, *(c.comparator for c in node.comparisons)], depth)
+            return self._host_operands([node.left, *(c.comparator for c in node.comparisons)], depth, before)
         if isinstance(node, cst.Name):
-            bindings = self.reaching(node.value)
-            return bool(bindings) and all(b.kind is BindingKind.ASSIGN and self.built_on_host(b.value, depth + 1)
-                                          for b in bindings)
+            bindings = self.reaching(node.value, before)
+            return bool(bindings) and all(
+                b.kind is BindingKind.ASSIGN and self.built_on_host(b.value, depth + 1, b.order) for b in bindings)
         if not isinstance(node, cst.Call):
             return False
         qual = self.ctx.qualname(node.func) or ""
         if qual in _VARIABLE and node.args:
-            return self.built_on_host(node.args[0].value, depth + 1)
+            return self.built_on_host(node.args[0].value, depth + 1, before)
         if qual.startswith("torch."):
             last = qual.rsplit(".", 1)[-1]
             if call_arg(node, "device") is not None or qual.count(".") != 1:
                 return False
             if last in ("tensor", "as_tensor"):  # these keep the device of a tensor argument
                 data = node.args[0].value if node.args else None
-                return data is not None and (self.of(data) == NONTENSOR or self.ev.is_tensor(data) is False
-                                             or self.built_on_host(data, depth + 1))
+                return data is not None and (self.of(data, 0, before) == NONTENSOR or self.ev.is_tensor(data) is False
+                                             or self.built_on_host(data, depth + 1, before))
             if last in _LIKE_FACTORIES:  # on the device of their tensor argument
-                return bool(node.args) and self.built_on_host(node.args[0].value, depth + 1)
+                return bool(node.args) and self.built_on_host(node.args[0].value, depth + 1, before)
             if last in _FACTORIES or last in _HOST_CONSTRUCTORS:
-                return all(self.of(arg.value) in (NONTENSOR, None) or self.built_on_host(arg.value, depth + 1)
+                return all(self.of(arg.value, 0, before) in (NONTENSOR, None)
+                           or self.built_on_host(arg.value, depth + 1, before)
                            for arg in node.args if arg.keyword is None or arg.keyword.value != "out")
             if last in _TENSOR_METHODS or last in _ELEMENTWISE:
-                return self._host_operands([arg.value for arg in node.args if not arg.star], depth)
+                return self._host_operands([arg.value for arg in node.args if not arg.star], depth, before)
             return False
         name = method_name(node)
         if isinstance(node.func, cst.Attribute) and (name in _FILL_METHODS or name in _TENSOR_METHODS
                                                      and not name.startswith("new_") and name != "copy_"):
-            return self._host_operands([node.func.value] + [arg.value for arg in node.args if not arg.star], depth)
+            return self._host_operands([node.func.value] + [arg.value for arg in node.args if not arg.star], depth,
+                                      before)
         if name == "to" and node.args and all(  # `.to(torch.float32)`: a cast stays where it is
-                (arg.keyword is None or arg.keyword.value == "dtype") and self._is_dtype(arg.value) for arg in node.args):
-            return self.built_on_host(node.func.value, depth + 1)  # type: ignore[union-attr]
+                (arg.keyword is None or arg.keyword.value == "dtype") and self._is_dtype(arg.value)
+                for arg in node.args):
+            return self.built_on_host(node.func.value, depth + 1, before)  # type: ignore[union-attr]
         return False
 
     def _is_dtype(self, node: cst.BaseExpression) -> bool:
         qual = self.ctx.qualname(node) or ""
         return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _DTYPES
 
-    def _host_operands(self, operands: list[cst.BaseExpression], depth: int) -> bool:
+    def _host_operands(self, operands: list[cst.BaseExpression], depth: int, before: int | None = None) -> bool:
         """At least one operand built on the host, the others Python values (never a tensor of unknown place)."""
         found = False
         for operand in operands:
-            if self.built_on_host(operand, depth + 1):
+            if self.built_on_host(operand, depth + 1, before):
                 found = True
-            elif self.of(operand) not in (NONTENSOR, None) or self.ev.is_tensor(operand) is True \
-                    or self.of(operand) is None and not _is_plain_value(operand) \
+            elif self.of(operand, 0, before) not in (NONTENSOR, None) or self.ev.is_tensor(operand) is True \
+                    or self.of(operand, 0, before) is None and not _is_plain_value(operand) \
                     and not isinstance(operand, (cst.Integer, cst.Float)):
                 return False
         return found
