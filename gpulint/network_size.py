@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from functools import lru_cache
+from typing import NamedTuple
 
 # convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
 _CNN_CONSTRUCTORS = r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\("
@@ -53,14 +54,22 @@ def _const_int(node: ast.AST) -> int | None:
     return None
 
 
+class _Sizes(NamedTuple):
+    """What one file writes about the size of its networks and batches."""
+
+    layers: tuple[tuple[str, int | None], ...]  # (layer class, literal width or None) of nn layers
+    widths: tuple[int, ...]  # literal values of width-named settings
+    batches: tuple[int, ...]  # of batch-size settings
+    lengths: tuple[int, ...]  # of sequence-length settings
+    named_layers: tuple[tuple[str, int | None], ...]  # the layers again, widths named by constants resolved
+
+
 @lru_cache(maxsize=4096)
-def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], ...]:
-    """((layer class, literal width or None) of nn layers, literal values of width-named settings, of batch-size
-    settings, of sequence-length settings, the layers with widths named by constants resolved) in one file."""
+def _sizes(text: str) -> _Sizes:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return (), (), (), (), ()
+        return _Sizes((), (), (), (), ())
     layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
     sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
@@ -105,7 +114,7 @@ def _widths(text: str) -> tuple[tuple[tuple[str, int | None], ...], ...]:
                 _record(sized, arg.arg, default)
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
                 _record(sized, arg.arg, default)
-    return tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved)
+    return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved))
 
 
 def _layer_width(name: str, dims: list[int]) -> int | None:
@@ -153,8 +162,8 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
         model = _BIG_MODEL.search(text)
         if model and not (matmul_only and _BIG_CNN.fullmatch(model.group())):
             return "large"
-    layers = [layer for text in texts.values() for layer in _widths(text)[0]]
-    settings = [width for text in texts.values() for width in _widths(text)[1]]
+    layers = [layer for text in texts.values() for layer in _sizes(text).layers]
+    settings = [width for text in texts.values() for width in _sizes(text).widths]
     convolutional = matmul_only and (any(name.startswith(("Conv", "LazyConv")) for name, _ in layers)
                                      or any(_BIG_CNN.search(text) for text in texts.values()))
     widths = [w for name, w in layers if not (matmul_only and name.startswith(("Conv", "LazyConv")))]
@@ -180,11 +189,11 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
     most SMALL_WORK_ROWS: too little work per kernel for lower-precision math to pay for its casts."""
     if any(_BIG_MODEL.search(text) for text in texts.values()):
         return False
-    facts = [_widths(text) for text in texts.values()]
-    layers = [layer for fact in facts for layer in fact[4]]
-    widths = [w for _, w in layers] + [w for fact in facts for w in fact[1]]
-    batches = [b for fact in facts for b in fact[2]]
-    lengths = [n for fact in facts for n in fact[3]]
+    sizes = [_sizes(text) for text in texts.values()]
+    layers = [layer for size in sizes for layer in size.named_layers]
+    widths = [w for _, w in layers] + [w for size in sizes for w in size.widths]
+    batches = [b for size in sizes for b in size.batches]
+    lengths = [n for size in sizes for n in size.lengths]
     if not layers or not batches or any(name.startswith(("Conv", "LazyConv")) for name, _ in layers):
         return False
     if any(w is None or w > SMALL_WORK_WIDTH for w in widths):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from gpulint.analysis import PROGRAM_CUDA_TEXT
+
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
 _IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
@@ -200,14 +202,13 @@ def search_texts(texts: dict[str, str], pattern: re.Pattern[str]) -> list[tuple[
     return found
 
 
-def related_targets_cuda(ctx, pattern: re.Pattern[str]) -> bool:
-    """Does a file of the current file's program (itself excluded) name CUDA, by `pattern`? Remembered per file
-    for the run."""
+def related_targets_cuda(ctx) -> bool:
+    """Does a file of the current file's program (itself excluded) name CUDA? Remembered per file for the run."""
     index = program_index(ctx)
     cached = index.cuda_related.get(ctx.path)
     if cached is None:
         cached = index.cuda_related[ctx.path] = any(
-            pattern.search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
+            PROGRAM_CUDA_TEXT.search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
     return cached
 
 

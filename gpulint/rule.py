@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import libcst as cst
 
-from gpulint.analysis import PROGRAM_CUDA_TEXT, Confidence, Device, Evidence, FileAnalysis, HotKind
+from gpulint.analysis import Confidence, Device, Evidence, FileAnalysis, HotKind
 from gpulint.diagnostics import Safety, Severity
 from gpulint.program import related_targets_cuda
 
@@ -257,7 +257,7 @@ class RuleContext:
             return True
         if not (program.cuda_evidence or program.maybe_cuda_evidence):
             return False  # no file of the run names CUDA: no need for the import graph
-        return related_targets_cuda(self, PROGRAM_CUDA_TEXT)
+        return related_targets_cuda(self)
 
     def in_no_grad_function(self) -> bool:
         """Inside a function decorated `@torch.no_grad()` / `@torch.inference_mode()`: inference, not training."""

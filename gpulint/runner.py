@@ -63,12 +63,11 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     known_bases = {"Module", "LightningModule"}
     classes: dict[str, str] = {}
     for path, source in sources:
-        facts.sources[path] = source.text
-        text = source.text
+        text = facts.sources[path] = source.text
         # the literal tests first: most files name neither, and the regexes have no literal prefix to skip by
         facts.cuda_evidence |= ("cuda" in text or "nccl" in text) and bool(PROGRAM_CUDA_TEXT.search(text))
         facts.maybe_cuda_evidence |= "is_available" in text and bool(_MAYBE_CUDA_TEXT.search(text))
-        for name, bases in _CLASS_TEXT.findall(source.text):
+        for name, bases in _CLASS_TEXT.findall(text):
             classes[name] = bases
     changed = True
     while changed:  # a class is a Module if a base's last dotted part is a known Module class
@@ -150,14 +149,14 @@ def run(
             sources.append((shown, read_source(path)))
         except SourceError as error:
             reports.append(FileReport(shown, [_io_error(shown, str(error))]))
-    program = program_facts([*sources, *_imported_context(sources)])
+    program_files = [*sources, *_imported_context(sources)]
+    program = program_facts(program_files)
     tasks = [_Task(shown, source, tuple(r.code for r in (file_filter(source.path) if file_filter else rules)),
                    options_for(source.path) if options_for else (rule_options or {}))
              for shown, source in sources]
     settings = _Settings(fix, write, min_safety, can_fix)
     cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
-    program_key = digest(sorted((shown, content_hash(text.encode("utf-8", "surrogateescape")))
-                                for shown, text in program.sources.items()))
+    program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in program_files))
     facts_key = digest(program.summary())
     pending: list[_Task] = []
     for task in tasks:

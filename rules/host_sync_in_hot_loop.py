@@ -8,6 +8,7 @@ import libcst as cst
 from gpulint import Device, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
 from gpulint.rule import RuleContext
+from gpulint.rules.synchronize_in_loop import SYNCHRONIZE_CALLS
 
 # ---------------------------------------------------------------------------------------------
 # Placement of a value: where does it live? (shared by GPU005, GPU012, GPU013; candidate for the engine)
@@ -613,9 +614,6 @@ def _last_name(node: cst.BaseExpression) -> str | None:
     return None
 
 
-_SYNCHRONIZE = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
-
-
 def _unconditional(block: cst.BaseSuite) -> list[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
     """The simple statements of a block that run every time it runs (through `with` and `try` bodies, not into
     branches or loops)."""
@@ -1188,10 +1186,10 @@ class HostSyncInHotLoop(Rule):
             if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
                 continue
             func = small.value.func
-            if self.ctx.qualname(func) in _SYNCHRONIZE:
+            if self.ctx.qualname(func) in SYNCHRONIZE_CALLS:
                 return True
             if isinstance(func, cst.Name) and any(
-                    binding.value is not None and any(self.ctx.qualname(n) in _SYNCHRONIZE for n in walk(binding.value)
+                    binding.value is not None and any(self.ctx.qualname(n) in SYNCHRONIZE_CALLS for n in walk(binding.value)
                                                       if isinstance(n, cst.Attribute))
                     for binding in self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors)):
                 return True

@@ -8,7 +8,7 @@ from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import child_nodes, dotted_name, method_name
 from gpulint.rules.empty_cache_in_loop import gated
 
-_SYNCHRONIZE = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
+SYNCHRONIZE_CALLS = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
 _TIMING = re.compile(r"\b(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|time_ns|"
                      r"default_timer|timeit|elapsed_time|Event|record|tic|toc|timer|Timer|elapsed|stopwatch)\b")
 _TOOL_PATH = re.compile(r"(^|[\\/_])(bench\w*|benchmarks?|profil\w*)(\.py$|[\\/_])", re.I)
@@ -129,7 +129,7 @@ class SynchronizeInLoop(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         qual = self.ctx.analysis.call_qualname(node)
-        if qual not in _SYNCHRONIZE and not (
+        if qual not in SYNCHRONIZE_CALLS and not (
                 isinstance(node.func, cst.Attribute) and node.func.attr.value == "synchronize"
                 and (dotted_name(node.func.value) or "").endswith(("current_stream", "default_stream"))):
             return
@@ -140,7 +140,7 @@ class SynchronizeInLoop(Rule):
         self.report(node)
 
     def _is_synchronize(self, node: cst.Call) -> bool:
-        return self.ctx.analysis.call_qualname(node) in _SYNCHRONIZE or (
+        return self.ctx.analysis.call_qualname(node) in SYNCHRONIZE_CALLS or (
             isinstance(node.func, cst.Attribute) and node.func.attr.value == "synchronize"
             and (dotted_name(node.func.value) or "").endswith(("current_stream", "default_stream")))
 
