@@ -21,6 +21,9 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
 import libcst as cst
 
+from gpulint.semantic import vocab
+from gpulint.semantic.callgraph import Frequency, ProgramCalls
+
 # ---------------------------------------------------------------------------------------------
 # small syntax helpers
 
@@ -225,6 +228,8 @@ class HotKind(str, enum.Enum):
     COMPILED = "compiled"  # torch.compile'd function (C ⊂ H)
     STEP_LOOP = "step-loop"  # loop that reaches backward/optimizer.step
     STEP_FUNCTION = "step-function"  # function doing one training step, called per step
+    ROLLOUT = "rollout"  # loop stepping an environment/game or evaluating a network per iteration, or its callees
+    CALLEE = "called-per-step"  # a function the program calls from a training step (any file, any depth)
 
 
 class Confidence(enum.IntEnum):
@@ -239,7 +244,7 @@ class Device(str, enum.Enum):
 
 
 _MASK_NAME = re.compile(r"mask|valid|keep|done|alive|legal|nonempty|non_empty|^is_", re.I)
-_OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
+_OPTIMIZER_NAME = vocab.OPTIMIZER_NAME
 _LOADER_NAME = re.compile(r"loader|^dl$|_dl$|^dl_", re.I)
 _STEP_FUNCTION_NAME = re.compile(r"^(train_step|training_step|train_batch|train_on_batch|update|learn|optimize_model|step_fn)$")
 _COMPARISON_OPS = (cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
@@ -313,6 +318,9 @@ class FileAnalysis:
         self.cuda_evidence = False  # a definite CUDA mention
         self.maybe_cuda_evidence = False  # torch.cuda.is_available() & co.
         self.main_guard: cst.If | None = None
+        self.function_key: dict[int, str] = {}  # id(FunctionDef) -> "Class.method" / "outer.inner" (call graph key)
+        # id(FunctionDef) -> how often its callers run it (program call graph; absent: once or unknown)
+        self.call_frequency: dict[int, Frequency] = {}
 
     # -- names -------------------------------------------------------------------------------
 
@@ -414,6 +422,9 @@ class _Region:
     called: set[str] = field(default_factory=set)
     self_calls: set[str] = field(default_factory=set)  # `self.<name>(...)` anywhere in a function's body
     has_loop: bool = False
+    env_step: bool = False  # `env.step(...)`, `game.play(...)` directly inside
+    network_call: bool = False  # `model(x)`, `self.net(x)`, `net.predict(x)` directly inside
+    function_name: str = ""  # the enclosing function's name ("" at module level)
 
     @property
     def any_marker(self) -> bool:
@@ -440,6 +451,7 @@ class _PrePass(cst.CSTVisitor):
         self.stack: list[cst.CSTNode] = []
         self.scope_stack: list[Scope] = []
         self.class_stack: list[ClassInfo] = []
+        self.def_names: list[str] = []  # enclosing class and function names (the call graph's keys)
         self.counter = 0
         self.regions: list[_Region] = []
         self.region_stack: list[_Region | None] = []  # None: a class or lambda body, which ends a region
@@ -459,6 +471,11 @@ class _PrePass(cst.CSTVisitor):
                             region.has_loop = True
                         break
             region = _Region(node)
+            if kind is cst.FunctionDef:
+                region.function_name = node.name.value  # type: ignore[attr-defined]
+            else:
+                region.function_name = next((r.function_name for r in reversed(self.region_stack) if r is not None),
+                                            "")
             self.regions.append(region)
             self.region_stack.append(region)
         elif kind in _BARRIER_TYPES:
@@ -528,12 +545,16 @@ class _PrePass(cst.CSTVisitor):
         info = ClassInfo(node, bases)
         self.a.classes.setdefault(node.name.value, info)
         self.class_stack.append(info)
+        self.def_names.append(node.name.value)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.class_stack.pop()
+        self.def_names.pop()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.a.functions.setdefault(node.name.value, []).append(node)
+        self.def_names.append(node.name.value)
+        self.a.function_key[id(node)] = ".".join(self.def_names)
         if self.class_stack and self.stack[-3:-2] and self.stack[-3] is self.class_stack[-1].node:
             self.a.function_class[id(node)] = self.class_stack[-1]
         self.scope.add(node.name.value, Binding(BindingKind.OTHER, None, self.current_order()))
@@ -554,6 +575,7 @@ class _PrePass(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.scope_stack.pop()
+        self.def_names.pop()
 
     def visit_Global(self, node: cst.Global) -> None:
         self.scope.globals_.update(item.name.value for item in node.names)
@@ -656,6 +678,11 @@ class _PrePass(cst.CSTVisitor):
         region = self.region_stack[-1] if self.region_stack else None
         if region is None:
             return
+        dotted = dotted_name(node.func)
+        if vocab.is_env_step(dotted):
+            region.env_step = True
+        elif vocab.is_network_call(dotted):
+            region.network_call = True
         if name == "backward" or qual in _STEP_MARKER_FUNCTIONS:
             region.backward = True
         elif name == "step" and isinstance(node.func, cst.Attribute):
@@ -699,8 +726,10 @@ def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
                     break
 
 
-def _mark_hot(a: FileAnalysis, regions: list[_Region]) -> None:
-    step_functions: set[str] = set()
+def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | None) -> None:
+    step_functions: set[str] = set(calls.step_names) if calls else set()
+    rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
+    called = calls.frequencies if calls else {}
     for region in regions:
         fn = region.node
         if not isinstance(fn, cst.FunctionDef):
@@ -717,11 +746,33 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region]) -> None:
                 region.any_marker and _STEP_FUNCTION_NAME.match(name)):
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
             step_functions.add(name)
+        frequency = called.get(a.function_key.get(id(fn), ""))
+        if frequency is not None:
+            a.call_frequency[id(fn)] = frequency
     for region in regions:
-        if isinstance(region.node, (cst.For, cst.While)) and (region.any_marker or region.called & step_functions) \
-                and not _runs_once(region.node):
-            a.hot.setdefault(id(region.node), HotKind.STEP_LOOP)
+        loop = region.node
+        if not isinstance(loop, (cst.For, cst.While)) or _runs_once(loop):
+            continue
+        if region.any_marker or region.called & step_functions:
+            a.hot.setdefault(id(loop), HotKind.STEP_LOOP)
+        elif region.env_step or (
+                (region.network_call or region.called & rollout_functions) and not _iterates_loader(loop)
+                and not vocab.EVAL_FUNCTION.match(region.function_name)):
+            a.hot.setdefault(id(loop), HotKind.ROLLOUT)
     _mark_forward_helpers(a, regions)
+    for region in regions:  # functions the program calls per step or per rollout step, from any file
+        fn = region.node
+        frequency = a.call_frequency.get(id(fn))
+        if frequency is Frequency.PER_STEP:
+            a.hot.setdefault(id(fn), HotKind.CALLEE)
+        elif frequency is Frequency.PER_ROLLOUT_STEP:
+            a.hot.setdefault(id(fn), HotKind.ROLLOUT)
+
+
+def _iterates_loader(loop: cst.For | cst.While) -> bool:
+    return isinstance(loop, cst.For) and any(
+        isinstance(n, (cst.Name, cst.Attribute)) and vocab.LOADER_TEXT.search(dotted_name(n) or "")
+        for n in walk(loop.iter))
 
 
 def _runs_once(loop: cst.For | cst.While) -> bool:
@@ -748,13 +799,15 @@ def _mark_forward_helpers(a: FileAnalysis, regions: list[_Region]) -> None:
                     a.hot.setdefault(id(method), kind)
 
 
-def analyze(module: cst.Module, known_module_classes: set[str] | None = None) -> FileAnalysis:
+def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
+            calls: ProgramCalls | None = None) -> FileAnalysis:
+    """The file's shared facts; `calls` (from the program's call graph) says how often its functions run."""
     _CHILDREN.clear()
     analysis = FileAnalysis(module)
     prepass = _PrePass(analysis)
     traverse(module, prepass.on_visit, prepass.on_leave)
     _mark_modules(analysis, known_module_classes or set())
-    _mark_hot(analysis, prepass.regions)
+    _mark_hot(analysis, prepass.regions, calls)
     return analysis
 
 

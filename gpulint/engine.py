@@ -13,6 +13,7 @@ from libcst._nodes.internal import CodegenState
 from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
+from gpulint.semantic.callgraph import CallGraph, Frequency, ProgramCalls
 from gpulint.rule import ImportRequest, Report, Rule, RuleContext
 from gpulint.source import newline_of
 from gpulint.suppressions import apply_suppressions
@@ -31,9 +32,27 @@ class ProgramFacts:
     _found: dict[tuple[str, int], list[tuple[str, re.Match[str]]]] = field(default_factory=dict, repr=False,
                                                                            compare=False)
 
+    # the program's call graph, reduced to what files need (computed once, in the parent before workers start)
+    _frequencies: dict[str, dict[str, Frequency]] | None = field(default=None, repr=False, compare=False)
+    _step_names: tuple[frozenset[str], frozenset[str]] = field(default=(frozenset(), frozenset()), repr=False,
+                                                               compare=False)
+
     def summary(self) -> tuple:
         """The facts every rule may see (cache key)."""
-        return (self.cuda_evidence, self.maybe_cuda_evidence, sorted(self.module_classes))
+        self._build_call_graph()
+        return (self.cuda_evidence, self.maybe_cuda_evidence, sorted(self.module_classes),
+                sorted((path, sorted((k, int(f)) for k, f in keys.items())) for path, keys in self._frequencies.items()),
+                sorted(self._step_names[0]), sorted(self._step_names[1]))
+
+    def _build_call_graph(self) -> None:
+        if self._frequencies is None:
+            graph = CallGraph(self.sources, frozenset(self.module_classes))
+            self._frequencies, self._step_names = graph.by_file(), graph.step_names()
+
+    def calls_for(self, path: str) -> ProgramCalls:
+        """How often the functions of `path` run, as the program's call graph says."""
+        self._build_call_graph()
+        return ProgramCalls(self._frequencies.get(path, {}), *self._step_names)  # type: ignore[union-attr]
 
     def search(self, pattern: str | re.Pattern[str]) -> list[tuple[str, re.Match[str]]]:
         """Matches of a regex in all files of the program (program-level rules: TF32 set elsewhere, ...)."""
@@ -191,7 +210,9 @@ def lint_text(
     if not active:
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     if analysis is None:
-        analysis = analyze(module, program.module_classes if program else None)
+        calls = (program if program is not None and path in program.sources
+                 else ProgramFacts(sources={path: text})).calls_for(path)
+        analysis = analyze(module, program.module_classes if program else None, calls)
     if cuda_evidence is not None:
         analysis.cuda_evidence, analysis.maybe_cuda_evidence = cuda_evidence
     program = program or ProgramFacts.of_single_file(path, text, analysis)

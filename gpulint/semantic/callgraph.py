@@ -1,0 +1,479 @@
+"""How often each function of the program runs: a call graph across the run's files with memoised summaries.
+
+A rule sees one file, but a training step rarely sits in one function: `train()` loops over batches and calls
+`update()`, which calls `compute_loss()` in another module; a self-play loop calls `play_move()` once per move.
+Here every file of the program is summarised once with CPython's `ast` (an order of magnitude cheaper than the
+libcst parse rules get): its functions, their call sites, and how often each site runs *within* its function —
+inside a training-step loop, a rollout loop (an environment or game step, or a network evaluated per iteration
+outside a data loader), another loop, or once. Calls are resolved to definitions in the program (same file,
+`from x import f`, `module.f`, `self.method`, a receiver built from a program class, or a method name that only
+one class of the program defines). Frequencies then flow from per-step call sites into callees, transitively,
+to a fixed point bounded in depth; a call under a throttling `if` (`step % N`, `if done:`, a log flag) or into
+an output helper (save/plot/log) does not carry the caller's frequency.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import PurePosixPath
+
+from gpulint.semantic import vocab
+
+MAX_DEPTH = 6  # call levels followed from a per-step site
+
+
+class Frequency(enum.IntEnum):
+    ONCE = 0
+    PER_ITERATION = 1  # inside a loop that is neither a step nor a rollout: per episode, per epoch
+    PER_ROLLOUT_STEP = 2  # per environment step, per move, per tree-search simulation
+    PER_STEP = 3  # per training step (or per forward pass)
+
+
+# generic method names: resolving them by name alone would guess (optimizer.step, list.append, module.train)
+_GENERIC_METHODS = frozenset({
+    "step", "to", "train", "eval", "forward", "zero_grad", "backward", "item", "append", "extend", "get",
+    "items", "keys", "values", "pop", "copy", "clone", "detach", "cpu", "cuda", "numpy", "reset", "close",
+    "load_state_dict", "state_dict", "parameters", "named_parameters", "apply", "run", "format", "join", "split",
+    "insert", "clear", "save", "load", "log", "write", "read", "render", "seed", "sum",
+    "mean", "max", "min", "view", "reshape", "size", "float", "long", "int", "half", "__call__", "__init__",
+})
+
+
+@dataclass(frozen=True)
+class ProgramCalls:
+    """What the call graph tells one file: how often its functions run (by key), and the names of the program's
+    functions that do one training step / one rollout step per call (a loop calling one is such a loop)."""
+
+    frequencies: dict[str, Frequency]
+    step_names: frozenset[str]
+    rollout_names: frozenset[str]
+
+
+# names too common to mark a loop by: `model.train()`, `scheduler.step()`, `runner.run()`
+_AMBIGUOUS_STEP_NAMES = frozenset({"step", "train", "eval", "run", "forward", "__call__"})
+
+
+@dataclass
+class CallSite:
+    target: tuple[str, ...]  # ("name", f) | ("self", m) | ("attr", receiver_dotted, m)
+    frequency: Frequency  # how often it runs within its own function
+    throttled: bool  # under a throttling `if`
+    loop: int  # id of the innermost loop around it in its function (0: none)
+
+
+@dataclass
+class FunctionSummary:
+    key: str  # "f", "Class.method", "outer.inner"
+    class_name: str | None
+    name: str
+    sites: list[CallSite] = field(default_factory=list)
+    seed: Frequency = Frequency.ONCE  # what the function is by itself: forward / step function / compiled
+    steps_at_top: bool = False  # backward/optimizer step outside its own loops: one call is one training step
+    env_at_top: bool = False  # an environment step outside its own loops: one call is one rollout step
+    network_at_top: bool = False  # evaluates a network outside its own loops (`play_move(net, state)`)
+
+
+@dataclass
+class FileSummary:
+    path: str
+    functions: dict[str, FunctionSummary] = field(default_factory=dict)
+    imports: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)  # local -> (level, module, name)
+    classes: dict[str, list[str]] = field(default_factory=dict)  # class -> base names (last parts)
+    instances: dict[str, str] = field(default_factory=dict)  # name or self.attr -> class built into it
+    compiled: set[str] = field(default_factory=set)  # names passed to torch.compile
+    loader_loops: set[int] = field(default_factory=set)  # ids of loops over a data loader (evaluation, epochs)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    if isinstance(node, ast.Call):  # `self.net(x).argmax` style receivers: name the call's function
+        inner = _dotted(node.func)
+        return ".".join([inner, *reversed(parts)]) if inner else None
+    return None
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _calls_outside_nested(body: list[ast.stmt], *, into_loops: bool) -> list[ast.Call]:
+    """Calls in `body`, not inside nested functions/classes (nor nested loops unless `into_loops`)."""
+    found: list[ast.Call] = []
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SCOPES) or (not into_loops and isinstance(node, _LOOPS)):
+            continue
+        if isinstance(node, ast.Call):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _iterates_loader(loop: ast.AST) -> bool:
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and vocab.LOADER_TEXT.search(_dotted(n) or "")
+               for n in ast.walk(loop.iter))
+
+
+def _throttling(test: ast.expr) -> bool:
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+    has_modulo = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
+    return vocab.throttles(names, has_modulo)
+
+
+class _Summariser:
+    def __init__(self, path: str, tree: ast.Module, module_classes: frozenset[str]) -> None:
+        self.file = FileSummary(path)
+        self.module_classes = module_classes
+        self.module_fn = FunctionSummary("<module>", None, "<module>")
+        self._visit_block(tree.body, self.module_fn, [], False, ())
+
+    def _loop_frequency(self, loop: ast.AST, fn: FunctionSummary) -> Frequency:
+        calls = [_dotted(c.func) for c in _calls_outside_nested(loop.body, into_loops=False)]  # type: ignore[attr-defined]
+        if any(vocab.is_training_step_call(d) for d in calls):
+            return Frequency.PER_STEP
+        if any(vocab.is_env_step(d) for d in calls):
+            return Frequency.PER_ROLLOUT_STEP
+        if (not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(fn.name)
+                and any(vocab.is_network_call(d) for d in calls)):
+            return Frequency.PER_ROLLOUT_STEP
+        return Frequency.PER_ITERATION
+
+    def _visit_block(self, body: list[ast.stmt], fn: FunctionSummary, loops: list[tuple[Frequency, int]], throttled: bool,
+                     owner: tuple[str, ...]) -> None:
+        for statement in body:
+            self._visit_statement(statement, fn, loops, throttled, owner)
+
+    def _visit_statement(self, node: ast.stmt, fn: FunctionSummary, loops: list[tuple[Frequency, int]], throttled: bool,
+                         owner: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._visit_function(node, owner)
+            return
+        if isinstance(node, ast.ClassDef):
+            self.file.classes[node.name] = [(_dotted(b) or "").rsplit(".", 1)[-1] for b in node.bases]
+            self._visit_block(node.body, fn, loops, throttled, (*owner, node.name))
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not owner:
+            self._record_import(node)
+        if isinstance(node, _LOOPS):
+            self._scan_expressions([node.iter if not isinstance(node, ast.While) else node.test], fn, loops, throttled)
+            inner = [*loops, (self._loop_frequency(node, fn), id(node))]
+            if _iterates_loader(node):
+                self.file.loader_loops.add(id(node))
+            self._visit_block(node.body, fn, inner, throttled, owner)
+            self._visit_block(node.orelse, fn, loops, throttled, owner)
+            return
+        if isinstance(node, ast.If):
+            self._scan_expressions([node.test], fn, loops, throttled)
+            gated = throttled or _throttling(node.test)
+            self._visit_block(node.body, fn, loops, gated, owner)
+            self._visit_block(node.orelse, fn, loops, gated, owner)
+            return
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            self._scan_expressions([item.context_expr for item in node.items], fn, loops, throttled)
+            self._visit_block(node.body, fn, loops, throttled, owner)
+            return
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            self._visit_block(node.body, fn, loops, throttled, owner)  # type: ignore[attr-defined]
+            for handler in node.handlers:  # type: ignore[attr-defined]
+                self._visit_block(handler.body, fn, loops, True, owner)  # error path: runs when something fails
+            self._visit_block(node.orelse, fn, loops, throttled, owner)  # type: ignore[attr-defined]
+            self._visit_block(node.finalbody, fn, loops, throttled, owner)  # type: ignore[attr-defined]
+            return
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
+            self._record_instance(node)
+        self._scan_expressions([node], fn, loops, throttled)
+
+    def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
+                          throttled: bool) -> None:
+        frequency = max((f for f, _ in loops), default=Frequency.ONCE)
+        loop = loops[-1][1] if loops else 0
+        for call in _calls_outside_nested(roots, into_loops=True):  # type: ignore[arg-type]
+            dotted = _dotted(call.func)
+            if dotted is None:
+                continue
+            if vocab.last_part(dotted) == "compile" and call.args and isinstance(call.args[0], ast.Name):
+                self.file.compiled.add(call.args[0].id)
+            parts = dotted.split(".")
+            if len(parts) == 1:
+                target: tuple[str, ...] = ("name", parts[0])
+            elif parts[0] == "self" and len(parts) == 2:
+                target = ("self", parts[1])
+            else:
+                target = ("attr", ".".join(parts[:-1]), parts[-1])
+            fn.sites.append(CallSite(target, frequency, throttled, loop))
+            if not loops and not throttled:
+                if vocab.is_training_step_call(dotted):
+                    fn.steps_at_top = True
+                elif vocab.is_env_step(dotted):
+                    fn.env_at_top = True
+                elif vocab.is_network_call(dotted) and not vocab.EVAL_FUNCTION.match(fn.name):
+                    fn.network_at_top = True
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, owner: tuple[str, ...]) -> None:
+        key = ".".join((*owner, node.name))
+        class_name = owner[-1] if owner and owner[-1] in self.file.classes else None
+        summary = FunctionSummary(key, class_name, node.name)
+        if class_name is not None and node.name in ("forward", "training_step") and self._is_module(class_name):
+            summary.seed = Frequency.PER_STEP
+        for decorator in node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if vocab.last_part(_dotted(target)) == "compile":
+                summary.seed = Frequency.PER_STEP
+        self.file.functions.setdefault(key, summary)
+        self._visit_block(node.body, summary, [], False, (*owner, node.name))
+
+    def _is_module(self, class_name: str, depth: int = 0) -> bool:
+        bases = self.file.classes.get(class_name, [])
+        return depth < 8 and any(b in ("Module", "LightningModule") or b in self.module_classes
+                                 or (b in self.file.classes and self._is_module(b, depth + 1)) for b in bases)
+
+    def _record_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                self.file.imports[local] = (0, alias.name if alias.asname else alias.name.split(".")[0], None)
+            return
+        for alias in node.names:
+            self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
+
+    def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
+        built = vocab.last_part(_dotted(node.value.func))  # type: ignore[union-attr]
+        if not built or not built[0].isupper():
+            return
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            name = _dotted(target)
+            if name is not None:
+                self.file.instances[name] = built
+
+
+@lru_cache(maxsize=4096)
+def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> FileSummary | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    summariser = _Summariser(path, tree, module_classes)
+    summary = summariser.file
+    summary.functions["<module>"] = summariser.module_fn
+    for name in summary.compiled:
+        if name in summary.functions:
+            summary.functions[name].seed = Frequency.PER_STEP
+    return summary
+
+
+def _module_names(path: str) -> list[str]:
+    parts = [p for p in PurePosixPath(os.path.normpath(path.replace("\\", "/"))).with_suffix("").parts
+             if p not in ("", "/", ".", "..")]
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return [".".join(parts[start:]) for start in range(len(parts))]
+
+
+class CallGraph:
+    """Frequencies of the functions of every file of a program, computed once."""
+
+    def __init__(self, sources: dict[str, str], module_classes: frozenset[str] = frozenset()) -> None:
+        self.files: dict[str, FileSummary] = {}
+        for path, text in sources.items():
+            if "def " not in text:
+                continue
+            summary = _summarise_text(path, text, module_classes)
+            if summary is not None:
+                self.files[path] = summary
+        self._by_module: dict[str, list[str]] = {}
+        for path in self.files:
+            for name in _module_names(path):
+                self._by_module.setdefault(name, []).append(path)
+        self._methods: dict[str, list[tuple[str, str]]] = {}  # method name -> [(path, key)]
+        self._classes: dict[str, list[tuple[str, str]]] = {}  # class name -> [(path, class)]
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                if fn.class_name is not None:
+                    self._methods.setdefault(fn.name, []).append((path, fn.key))
+            for name in summary.classes:
+                self._classes.setdefault(name, []).append((path, name))
+        self.frequency: dict[tuple[str, str], Frequency] = {}
+        self._resolved: dict[tuple[str, str, tuple[str, ...]], list[tuple[str, str]]] = {}
+        self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
+        self._propagate()
+
+    # -- resolution ------------------------------------------------------------------------------
+
+    def _module_file(self, here: str, level: int, module: str) -> str | None:
+        if level:
+            base = PurePosixPath(os.path.normpath(here.replace("\\", "/"))).parent
+            for _ in range(level - 1):
+                base = base.parent
+            stem = (base / module.replace(".", "/")) if module else base
+            for candidate in (f"{stem.as_posix()}.py", f"{stem.as_posix()}/__init__.py"):
+                found = self._files_by_norm.get(os.path.normpath(candidate))
+                if found is not None:
+                    return found
+            return None
+        found = self._by_module.get(module, [])
+        return found[0] if len(found) == 1 else None
+
+    def _function_in(self, path: str | None, name: str, depth: int = 0) -> list[tuple[str, str]]:
+        """(path, key) of `name` defined at the top of `path`, following re-exports (`from .x import f`)."""
+        if path is None or depth > 4:
+            return []
+        summary = self.files[path]
+        if name in summary.functions:
+            return [(path, name)]
+        if name in summary.imports:
+            level, module, imported = summary.imports[name]
+            if imported is not None:
+                target = self._module_file(path, level, module)
+                return self._function_in(target, imported, depth + 1)
+        return []
+
+    def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
+        if depth > 6:
+            return []
+        places = [p for p, _ in self._classes.get(class_name, [])]
+        if path in places:
+            places = [path]  # the class of the same file
+        elif len(places) > 1:
+            return []  # several classes of that name elsewhere: do not guess
+        for class_path in places:
+            summary = self.files[class_path]
+            key = f"{class_name}.{method}"
+            if key in summary.functions:
+                return [(class_path, key)]
+            for base in summary.classes.get(class_name, []):
+                found = self._method(class_path, base, method, depth + 1)
+                if found:
+                    return found
+        return []
+
+    def resolve(self, path: str, fn: FunctionSummary, target: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The definitions a call site may run (empty when unknown or ambiguous)."""
+        key = (path, fn.key, target)
+        if key not in self._resolved:
+            self._resolved[key] = self._resolve(path, fn, target)
+        return self._resolved[key]
+
+    def _resolve(self, path: str, fn: FunctionSummary, target: tuple[str, ...]) -> list[tuple[str, str]]:
+        summary = self.files[path]
+        kind = target[0]
+        if kind == "name":
+            name = target[1]
+            local = f"{fn.key}.{name}"
+            if local in summary.functions:  # a nested helper
+                return [(path, local)]
+            found = self._function_in(path, name)
+            if not found and name in summary.classes:  # constructing a program class runs its __init__
+                return self._method(path, name, "__init__")
+            return found
+        if kind == "self":
+            if fn.class_name is None:
+                return []
+            return self._method(path, fn.class_name, target[1])
+        receiver, method = target[1], target[2]
+        head = receiver.split(".")[0]
+        if head in summary.imports:
+            level, module, imported = summary.imports[head]
+            base = module if imported is None else (f"{module}.{imported}" if module else imported)
+            target_file = self._module_file(path, level, ".".join([base, *receiver.split(".")[1:]]))
+            if target_file is not None:
+                return self._function_in(target_file, method)
+        built = summary.instances.get(receiver)
+        if built is not None:
+            found = self._method(path, built, method)
+            if found:
+                return found
+        if method in _GENERIC_METHODS or method.startswith("__"):
+            return []
+        candidates = self._methods.get(method, [])
+        return candidates if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1 else []
+
+    # -- propagation -----------------------------------------------------------------------------
+
+    def _propagate(self) -> None:
+        step_functions = {(path, key) for path, summary in self.files.items()
+                          for key, fn in summary.functions.items() if fn.steps_at_top}
+        rollout_functions = {(path, key) for path, summary in self.files.items()
+                             for key, fn in summary.functions.items()
+                             if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+        frontier: list[tuple[str, str, Frequency, int]] = []
+        for path, summary in self.files.items():
+            for key, fn in summary.functions.items():
+                if fn.seed > Frequency.ONCE:
+                    frontier.append((path, key, fn.seed, 0))
+                for site in fn.sites:
+                    if site.throttled:
+                        continue
+                    frequency = site.frequency
+                    if frequency is Frequency.ONCE:
+                        continue
+                    for callee in self.resolve(path, fn, site.target):
+                        frontier.append((*callee, self._site_frequency(path, fn, site, step_functions,
+                                                                      rollout_functions), 1))
+        seen_depth: dict[tuple[str, str], int] = {}
+        while frontier:
+            path, key, frequency, depth = frontier.pop()
+            fn = self.files[path].functions[key]
+            if vocab.OUTPUT_FUNCTION.match(fn.name):
+                continue
+            current = self.frequency.get((path, key), Frequency.ONCE)
+            if frequency <= current:
+                continue
+            self.frequency[(path, key)] = frequency
+            if depth >= MAX_DEPTH:
+                continue
+            for site in fn.sites:
+                if site.throttled:
+                    continue
+                for callee in self.resolve(path, fn, site.target):
+                    if callee != (path, key):
+                        frontier.append((*callee, max(frequency, site.frequency), depth + 1))
+
+    def _site_frequency(self, path: str, fn: FunctionSummary, site: CallSite, step_functions: set,
+                        rollout_functions: set) -> Frequency:
+        """A loop that calls a step function is a step loop; one that calls a rollout step, a rollout loop."""
+        if site.frequency is not Frequency.PER_ITERATION:
+            return site.frequency
+        for other in fn.sites:
+            if other.loop != site.loop or other.throttled:
+                continue
+            callees = set(self.resolve(path, fn, other.target))
+            if callees & step_functions:
+                return Frequency.PER_STEP
+            if callees & rollout_functions and site.loop not in self.files[path].loader_loops:
+                return Frequency.PER_ROLLOUT_STEP
+        return Frequency.PER_ITERATION
+
+    def by_file(self) -> dict[str, dict[str, Frequency]]:
+        """path -> {function key -> frequency} for the functions that run more than once (from their callers)."""
+        found: dict[str, dict[str, Frequency]] = {}
+        for (path, key), frequency in self.frequency.items():
+            found.setdefault(path, {})[key] = frequency
+        return found
+
+    def step_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Names of functions doing one training step per call, and of those doing one rollout step per call."""
+        steps, rollouts = set(), set()
+        for summary in self.files.values():
+            for fn in summary.functions.values():
+                if fn.name in _AMBIGUOUS_STEP_NAMES or fn.name.startswith("__"):
+                    continue
+                if fn.steps_at_top:
+                    steps.add(fn.name)
+                elif fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE):
+                    rollouts.add(fn.name)
+        return frozenset(steps), frozenset(rollouts)

@@ -1,0 +1,66 @@
+"""Names that mean something to a training program, as predicates over dotted call names.
+
+Both the per-file pre-pass (libcst) and the program call graph (`ast`) ask these, so a loop is a training-step
+loop, a rollout loop or neither by the same test wherever it is seen.
+"""
+
+from __future__ import annotations
+
+import re
+
+OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
+# receivers of `.step(...)` that are host-side simulators or games: one call per environment step / move
+ENV_RECEIVER = re.compile(r"env|game|board", re.I)
+ENV_METHODS = frozenset({"step", "play", "make_move", "play_move", "do_move", "execute_move", "apply_action",
+                         "getNextState", "get_next_state", "next_state"})
+MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
+                        r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
+# methods through which a network is evaluated (MuZero's inference calls, Keras-style predict)
+NETWORK_METHODS = frozenset({"forward", "predict", "inference", "initial_inference", "recurrent_inference"})
+LOADER_TEXT = re.compile(r"loader|(^|_)dl($|_)|dataloader", re.I)
+# `if` tests that throttle what they guard to every N steps, the end of an episode or a debug switch
+THROTTLE_NAME = re.compile(r"interval|freq|every|period|log|print|verbose|debug|save|ckpt|checkpoint|eval|"
+                           r"done|terminal|finished|is_over|game_over|display|render|plot|report", re.I)
+# functions never worth calling hot: their work is output, not computation
+OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|log|print|summar|report|write|dump|"
+                             r"checkpoint|test_)", re.I)
+EVAL_FUNCTION = re.compile(r"^_?(eval|evaluate|test|valid|validate|validation|val)(_|$)", re.I)
+
+
+def last_part(dotted: str | None) -> str:
+    return (dotted or "").rsplit(".", 1)[-1]
+
+
+def receiver(dotted: str | None) -> str:
+    """`self.env.step` -> `env`; `step` -> ``."""
+    parts = (dotted or "").split(".")
+    return parts[-2] if len(parts) > 1 else ""
+
+
+def is_training_step_call(dotted: str | None) -> bool:
+    """`loss.backward()`, `torch.autograd.backward(...)`, `optimizer.step()`, `scaler.step(optimizer)`."""
+    name = last_part(dotted)
+    if name == "backward":
+        return True
+    if name == "step" and receiver(dotted):
+        owner = receiver(dotted)
+        return bool(OPTIMIZER_NAME.search(owner)) or "scaler" in owner.lower()
+    return False
+
+
+def is_env_step(dotted: str | None) -> bool:
+    """One step of a host-side environment or game: `env.step(a)`, `self.envs.step(a)`, `game.play(move)`."""
+    return last_part(dotted) in ENV_METHODS and bool(ENV_RECEIVER.search(receiver(dotted)))
+
+
+def is_network_call(dotted: str | None) -> bool:
+    """`model(x)`, `self.net(x)`, `policy(obs)`, `net.predict(x)`, `network.initial_inference(obs)`."""
+    name = last_part(dotted)
+    if MODEL_NAME.search(name) and name != "module":
+        return True
+    return name in NETWORK_METHODS and bool(MODEL_NAME.search(receiver(dotted)))
+
+
+def throttles(names: set[str], has_modulo: bool) -> bool:
+    """Does an `if` test with these names (and maybe a `%`) run its body only now and then?"""
+    return has_modulo or any(THROTTLE_NAME.search(name) for name in names)
