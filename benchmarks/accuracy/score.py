@@ -1,0 +1,179 @@
+"""Score `gpulint check` against blind labels of public training repositories.
+
+    python benchmarks/accuracy/score.py --mirrors DIR [--split dev|test|all] [--list-unlabeled] [--json OUT]
+
+`labels/<owner>__<name>.json` pin a commit and list, for the files labeled exhaustively, every occurrence of a
+catalog pattern (`clear`), every look-alike that must stay quiet (`trap`) and the judgement calls (`debatable`,
+not scored). `repos.json` splits the repositories into a development half (studied site by site) and a test
+half (only scored). For each repository the script materialises the whole tree at the pinned commit from a
+clone or mirror under `--mirrors` (named `owner+name`, `owner__name` or `name`, bare or not; `--clone` fetches
+missing ones from GitHub), runs one `gpulint check --select ALL --output-format json` over it, and matches
+findings to labels: same file, same code, within two lines (program-level codes — TF32, autocast, cuDNN
+autotuning, channels-last — anywhere in the file). It prints recall on clear labels per family and overall,
+the share of traps flagged, and the findings in labeled files that match no label (to review).
+No third-party code is committed: only label rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter, defaultdict
+from io import BytesIO
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LINE_TOLERANCE = 2
+PROGRAM_LEVEL = {"GPU020", "GPU021", "GPU023", "GPU033", "GPU034", "GPU035"}
+FAMILIES = {"GPU00": "host sync / capture", "GPU01": "transfers", "GPU02": "precision", "GPU03": "kernels",
+            "GPU04": "compile", "GPU05": "data loading", "GPU06": "multi-GPU", "GPU07": "loop structure"}
+
+
+def family(code: str) -> str:
+    return FAMILIES.get(code[:5], code[:5] + "x")
+
+
+def load_labels(split: str) -> list[dict]:
+    splits = json.loads((HERE / "repos.json").read_text())
+    found = []
+    for path in sorted((HERE / "labels").glob("*.json")):
+        data = json.loads(path.read_text())
+        data["split"] = splits.get(data["repo"], "dev")
+        if split in ("all", data["split"]):
+            found.append(data)
+    return found
+
+
+def mirror_of(mirrors: Path, repo: str, clone: bool) -> Path:
+    owner, name = repo.split("/")
+    for candidate in (f"{owner}+{name}", f"{owner}__{name}", name, f"{owner}+{name}.git", f"{name}.git"):
+        found = mirrors / candidate
+        if (found / "repo").is_dir():
+            return found / "repo"  # the layout of the search tool's mirrors
+        if found.exists():
+            return found
+    if not clone:
+        raise SystemExit(f"no clone or mirror of {repo} under {mirrors} (pass --clone to fetch it)")
+    target = mirrors / f"{owner}+{name}"
+    subprocess.run(["git", "clone", "--bare", "--quiet", f"https://github.com/{repo}", str(target)], check=True)
+    return target
+
+
+def materialise(mirror: Path, commit: str, into: Path) -> None:
+    """The whole tree at `commit` (imports between files matter to the analysis)."""
+    archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+
+
+def run_gpulint(tree: Path) -> list[dict]:
+    done = subprocess.run([sys.executable, "-m", "gpulint", "check", ".", "--select", "ALL", "--output-format",
+                           "json", "--no-cache", "--isolated"], cwd=tree, capture_output=True, text=True)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"gpulint failed on {tree}: {done.stderr.strip()[:500]}")
+    findings = json.loads(done.stdout or "[]")
+    for finding in findings:
+        finding["path"] = Path(finding["filename"]).resolve().relative_to(tree.resolve()).as_posix()
+    return findings
+
+
+def matches(finding: dict, label: dict) -> bool:
+    if finding["path"] != label["path"] or finding["code"] != label["code"]:
+        return False
+    return label["code"] in PROGRAM_LEVEL or abs(finding["location"]["row"] - label["line"]) <= LINE_TOLERANCE
+
+
+def score_repo(data: dict, findings: list[dict]) -> dict:
+    labeled_files = set(data["files"])
+    relevant = [f for f in findings if f["path"] in labeled_files and not f["code"].startswith("GPU9")]
+    rows = []
+    for label in data["labels"]:
+        hit = any(matches(f, label) for f in relevant)
+        rows.append({**label, "found": hit})
+    explained = [f for f in relevant if any(matches(f, label) for label in data["labels"])]
+    outside = [f for f in relevant if f not in explained]
+    return {"repo": data["repo"], "split": data["split"], "rows": rows, "outside": outside,
+            "findings": len(relevant)}
+
+
+def summarise(results: list[dict]) -> dict:
+    clear = [r for res in results for r in res["rows"] if r["kind"] == "clear"]
+    traps = [r for res in results for r in res["rows"] if r["kind"] == "trap"]
+    per_family: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for row in clear:
+        per_family[family(row["code"])][0] += row["found"]
+        per_family[family(row["code"])][1] += 1
+    return {
+        "repos": len(results),
+        "clear": len(clear), "recall": sum(r["found"] for r in clear) / max(1, len(clear)),
+        "traps": len(traps), "traps_flagged": sum(r["found"] for r in traps) / max(1, len(traps)),
+        "findings": sum(res["findings"] for res in results),
+        "outside_labels": sum(len(res["outside"]) for res in results),
+        "per_family": {name: {"found": f, "of": n} for name, (f, n) in sorted(per_family.items())},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mirrors", type=Path, required=True, help="folder of clones/mirrors of the repositories")
+    parser.add_argument("--clone", action="store_true", help="clone missing repositories from GitHub")
+    parser.add_argument("--split", choices=("dev", "test", "all"), default="all")
+    parser.add_argument("--list-unlabeled", action="store_true",
+                        help="print findings outside any label (never do this for the test split)")
+    parser.add_argument("--list-missed", action="store_true", help="print clear labels gpulint missed (dev only)")
+    parser.add_argument("--json", type=Path, help="write the full results here")
+    args = parser.parse_args()
+    results = []
+    for data in load_labels(args.split):
+        with tempfile.TemporaryDirectory(prefix="gpulint-accuracy-") as tmp:
+            tree = Path(tmp) / data["repo"].replace("/", "__")
+            tree.mkdir()
+            materialise(mirror_of(args.mirrors, data["repo"], args.clone), data["commit"], tree)
+            results.append(score_repo(data, run_gpulint(tree)))
+    print(f"{'repository':52} {'split':5} {'clear':>5} {'found':>5} {'recall':>6} {'traps':>5} {'flagged':>7} "
+          f"{'outside':>7}")
+    for res in results:
+        clear = [r for r in res["rows"] if r["kind"] == "clear"]
+        traps = [r for r in res["rows"] if r["kind"] == "trap"]
+        found = sum(r["found"] for r in clear)
+        print(f"{res['repo']:52} {res['split']:5} {len(clear):5} {found:5} {found / max(1, len(clear)):6.2f} "
+              f"{len(traps):5} {sum(r['found'] for r in traps):7} {len(res['outside']):7}")
+    for split in ("dev", "test"):
+        chosen = [res for res in results if res["split"] == split]
+        if not chosen:
+            continue
+        summary = summarise(chosen)
+        print(f"\n{split}: {summary['repos']} repositories, recall {summary['recall']:.2f} on {summary['clear']} clear "
+              f"labels, traps flagged {summary['traps_flagged']:.2f} of {summary['traps']}, "
+              f"{summary['findings']} findings, {summary['outside_labels']} outside labels")
+        for name, counts in summary["per_family"].items():
+            share = counts["found"] / counts["of"] if counts["of"] else math.nan
+            print(f"  {name:22} {counts['found']:4}/{counts['of']:<4} {share:.2f}")
+    if args.list_missed:
+        for res in results:
+            if res["split"] == "dev":
+                for row in res["rows"]:
+                    if not row["found"] and row["kind"] == "clear":
+                        print(f"MISSED {res['repo']} {row['path']}:{row['line']} {row['code']} {row.get('note', '')}")
+                    if row["found"] and row["kind"] == "trap":
+                        print(f"TRAP   {res['repo']} {row['path']}:{row['line']} {row['code']} {row.get('note', '')}")
+    if args.list_unlabeled:
+        for res in results:
+            for f in res["outside"]:
+                print(f"OUTSIDE {res['repo']} {f['path']}:{f['location']['row']} {f['code']} {f['message'][:100]}")
+    if args.json:
+        args.json.write_text(json.dumps({"results": results}, indent=1))
+    print("\nby code (clear labels): " + ", ".join(
+        f"{code} {n}" for code, n in Counter(r["code"] for res in results for r in res["rows"]
+                                                if r["kind"] == "clear").most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
