@@ -425,6 +425,7 @@ class _Region:
     env_step: bool = False  # `env.step(...)`, `game.play(...)` directly inside
     network_call: bool = False  # `model(x)`, `self.net(x)`, `net.predict(x)` directly inside
     function_name: str = ""  # the enclosing function's name ("" at module level)
+    parent_loop: "_Region | None" = None  # the loop around this one in the same function
 
     @property
     def any_marker(self) -> bool:
@@ -476,6 +477,9 @@ class _PrePass(cst.CSTVisitor):
             else:
                 region.function_name = next((r.function_name for r in reversed(self.region_stack) if r is not None),
                                             "")
+                enclosing = self.region_stack[-1] if self.region_stack else None
+                if enclosing is not None and isinstance(enclosing.node, (cst.For, cst.While)):
+                    region.parent_loop = enclosing
             self.regions.append(region)
             self.region_stack.append(region)
         elif kind in _BARRIER_TYPES:
@@ -729,6 +733,7 @@ def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
 def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | None) -> None:
     step_functions: set[str] = set(calls.step_names) if calls else set()
     rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
+    trainers: frozenset[str] = calls.trainer_names if calls else frozenset()
     called = calls.frequencies if calls else {}
     for region in regions:
         fn = region.node
@@ -759,6 +764,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
                 (region.network_call or region.called & rollout_functions) and not _iterates_loader(loop)
                 and not vocab.EVAL_FUNCTION.match(region.function_name)):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)
+        elif _in_update_loop(region, trainers):
+            a.hot.setdefault(id(loop), HotKind.ROLLOUT)  # many iterations per update: `for step in range(n_steps)`
     _mark_forward_helpers(a, regions)
     for region in regions:  # functions the program calls per step or per rollout step, from any file
         fn = region.node
@@ -767,6 +774,16 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.CALLEE)
         elif frequency is Frequency.PER_ROLLOUT_STEP:
             a.hot.setdefault(id(fn), HotKind.ROLLOUT)
+
+
+def _in_update_loop(region: _Region, trainers: frozenset[str]) -> bool:
+    """Is the loop nested in one whose iteration trains (`for update in range(n): ...; agent.update()`)?"""
+    outer = region.parent_loop
+    while outer is not None:
+        if outer.any_marker or outer.called & trainers:
+            return not _iterates_loader(region.node)  # type: ignore[arg-type]
+        outer = outer.parent_loop
+    return False
 
 
 def _iterates_loader(loop: cst.For | cst.While) -> bool:
@@ -1062,6 +1079,12 @@ class Evidence:
         if isinstance(node, cst.Call):
             qual = self.a.call_qualname(node) or ""
             if qual == "torch.from_numpy":
+                return True
+            if isinstance(node.func, cst.Attribute) and method_name(node) not in ("to", "cuda") \
+                    and self.is_loader(node.func.value):
+                return True  # `train_loader.next_batch()`: a batch a loader built on the host
+            if isinstance(node.func, cst.Name) and node.func.value == "next" and node.args \
+                    and self.is_loader(node.args[0].value, depth + 1):
                 return True
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)

@@ -34,15 +34,15 @@ class ProgramFacts:
 
     # the program's call graph, reduced to what files need (computed once, in the parent before workers start)
     _frequencies: dict[str, dict[str, Frequency]] | None = field(default=None, repr=False, compare=False)
-    _step_names: tuple[frozenset[str], frozenset[str]] = field(default=(frozenset(), frozenset()), repr=False,
-                                                               compare=False)
+    _step_names: tuple[frozenset[str], ...] = field(default=(frozenset(), frozenset(), frozenset()), repr=False,
+                                                    compare=False)
 
     def summary(self) -> tuple:
         """The facts every rule may see (cache key)."""
         self._build_call_graph()
         return (self.cuda_evidence, self.maybe_cuda_evidence, sorted(self.module_classes),
                 sorted((path, sorted((k, int(f)) for k, f in keys.items())) for path, keys in self._frequencies.items()),
-                sorted(self._step_names[0]), sorted(self._step_names[1]))
+                [sorted(names) for names in self._step_names])
 
     def _build_call_graph(self) -> None:
         if self._frequencies is None:
@@ -88,15 +88,62 @@ class LintResult:
 
 def parse(text: str) -> cst.Module:
     """libcst's parser only builds valid nodes, yet each node re-validates itself on construction (17% of
-    parse time, measured on timm): that check is off while parsing and stays on for nodes that fixes build."""
+    parse time, measured on timm): that check is off while parsing and stays on for nodes that fixes build.
+
+    Guarded: libcst's native parser crashes the process on some inputs (about 2,000 nested brackets, a
+    20,000-term `and` chain) and takes minutes on others. A file that looks unusual (deep brackets, very long
+    lines, a large size: a cheap scan) is first given to CPython's parser, and a file CPython rejects raises
+    SyntaxError here, like a syntax error, without reaching libcst. A RecursionError inside libcst is re-raised
+    as SyntaxError when CPython rejects the file too, else as `TooComplex`."""
+    if _looks_unusual(text):
+        rejected = _python_syntax_error(text, "<file>")
+        if rejected is not None:
+            raise rejected
     validate = _NODE_BASE.__dict__.get("__post_init__")
-    if validate is None:  # a libcst without the per-node hook: nothing to skip
-        return cst.parse_module(text)
-    _NODE_BASE.__post_init__ = _skip_validation  # type: ignore[method-assign]
     try:
-        return cst.parse_module(text)
-    finally:
-        _NODE_BASE.__post_init__ = validate  # type: ignore[method-assign]
+        if validate is None:  # a libcst without the per-node hook: nothing to skip
+            return cst.parse_module(text)
+        _NODE_BASE.__post_init__ = _skip_validation  # type: ignore[method-assign]
+        try:
+            return cst.parse_module(text)
+        finally:
+            _NODE_BASE.__post_init__ = validate  # type: ignore[method-assign]
+    except (RecursionError, MemoryError) as error:
+        rejected = _python_syntax_error(text, "<file>")
+        if rejected is not None:
+            raise rejected from None
+        raise TooComplex(f"too deeply nested for gpulint's parser ({type(error).__name__}); not checked") from None
+
+
+class TooComplex(Exception):
+    """A file CPython accepts but gpulint cannot parse (libcst's recursion): reported as the file's GPU901."""
+
+
+# The guard's thresholds: CPython rejects more than 200 nested brackets and, at the default recursion limit,
+# expressions about 3,000 levels deep (a 3,000-term `+` chain, 3,000 chained attributes); libcst crashes or
+# slows down sharply well before its own limits on such files. Ordinary code stays far below all three.
+_GUARD_DEPTH = 100  # brackets open at once (strings and comments are not told apart: a false alarm only costs
+# one CPython parse)
+_GUARD_LINE = 4_000  # characters on one line
+_GUARD_SIZE = 256_000  # characters in the file
+_BRACKETS = re.compile(r"[()\[\]{}]")
+_LONG_LINE = re.compile(r"[^\n]{%d}" % _GUARD_LINE)
+
+
+def _looks_unusual(text: str) -> bool:
+    if len(text) > _GUARD_SIZE or _LONG_LINE.search(text) is not None:
+        return True
+    if text.count("(") + text.count("[") + text.count("{") < _GUARD_DEPTH:
+        return False
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        if match.group() in "([{":
+            depth += 1
+            if depth > _GUARD_DEPTH:
+                return True
+        elif depth:
+            depth -= 1
+    return False
 
 
 _NODE_BASE = cst.CSTNode
@@ -107,24 +154,34 @@ def _skip_validation(self: cst.CSTNode) -> None:
 
 
 def syntax_error_diagnostic(path: str, error: cst.ParserSyntaxError | SyntaxError | Exception) -> Diagnostic:
+    kind = "SyntaxError"
     if isinstance(error, cst.ParserSyntaxError):
         line, col, message = error.raw_line, error.raw_column + 1, error.message
     elif isinstance(error, SyntaxError):
         line, col, message = error.lineno or 1, error.offset or 1, error.msg
+        kind = getattr(error, "gpulint_kind", kind)
     else:
         line, col, message = 1, 1, str(error)
     message = " ".join(str(message).split())
     position = Position(max(line, 1), max(col, 1))
-    return Diagnostic(path, position, position, "GPU900", META_CODES["GPU900"], f"SyntaxError: {message}",
+    return Diagnostic(path, position, position, "GPU900", META_CODES["GPU900"], f"{kind}: {message}",
                       Severity.ERROR)
 
 
 def _python_syntax_error(text: str, path: str) -> SyntaxError | None:
-    """CPython's own message and location, which are more precise than the libcst parser's."""
+    """CPython's own message and location, which are more precise than the libcst parser's. A file too deep or
+    too large for CPython's parser (RecursionError, MemoryError) is rejected by Python too: a SyntaxError whose
+    message says which limit it hit."""
     try:
         compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as error:
         return error
+    except (RecursionError, MemoryError) as error:
+        rejected = SyntaxError(f"{error or 'too complex'} (Python's parser rejects this file: too deeply nested "
+                               f"or too complex)")
+        rejected.lineno, rejected.offset = 1, 1
+        rejected.gpulint_kind = type(error).__name__  # type: ignore[attr-defined]
+        return rejected
     except ValueError:
         return None
     return None
@@ -207,6 +264,12 @@ def lint_text(
             module = parse(text)
         except cst.ParserSyntaxError as error:
             return LintResult(path, [syntax_error_diagnostic(path, _python_syntax_error(text, path) or error)])
+        except SyntaxError as error:  # rejected by CPython before libcst was asked (the parse guard)
+            return LintResult(path, [syntax_error_diagnostic(path, error)])
+        except TooComplex as error:
+            start = Position(1, 1)
+            return LintResult(path, [Diagnostic(path, start, start, "GPU901", META_CODES["GPU901"], str(error),
+                                                Severity.ERROR)])
     if not active:
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     if analysis is None:

@@ -331,7 +331,7 @@ class Placement:
             else:
                 kinds.append(None)
         kind = combine_alternatives(kinds)
-        if kind is None and self._backward_called_on(node.value):
+        if kind is None and self._backward_called_on(node.value) and not self._module_like(bindings):
             return TENSOR
         return kind
 
@@ -535,13 +535,61 @@ class Placement:
                     return True
         return False
 
-    def _backward_called_on(self, name: str) -> bool:
-        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.a.module)
-        for call in _calls_of(function):
-            if method_name(call) == "backward" and isinstance(call.func, cst.Attribute) \
-                    and isinstance(call.func.value, cst.Name) and call.func.value.value == name:
+    def _module_like(self, bindings: list) -> bool:
+        """Bound to a network (modules also have `.cpu()` / `.to()`): `copy.deepcopy(ema).eval()`, `Net()`."""
+        for binding in bindings:
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+                    and method_name(value) in ("eval", "train", "requires_grad_", "to", "cuda", "cpu", "float"):
+                if method_name(value) in ("eval", "train", "requires_grad_"):
+                    return True
+                value = value.func.value
+            if value is not None and self.ev.is_module(value):
                 return True
         return False
+
+    def _backward_called_on(self, name: str) -> bool:
+        """Is `name` a tensor by how its function uses it? It is `.backward()`-ed, summed into a value that is
+        (`total = p_loss + c * v_loss; total.backward()`), or receives a method only tensors have (`.detach()`,
+        `.cpu()`, `.unsqueeze(...)`)."""
+        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.a.module)
+        return name in tensors_by_use(function)
+
+
+_TENSORS_BY_USE: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
+# methods numpy arrays, Python numbers and containers do not have
+_TENSOR_ONLY_USES = frozenset({"backward", "detach", "cpu", "cuda", "to", "unsqueeze", "masked_fill", "masked_fill_",
+                               "softmax", "log_softmax", "expand_as", "view_as", "type_as", "new_zeros", "new_ones",
+                               "new_full", "new_empty", "pin_memory", "detach_", "requires_grad_", "register_hook",
+                               "numel", "dim", "is_contiguous", "contiguous", "element_size", "data_ptr"})
+
+
+def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
+    """Names a function proves to be tensors by using them: a tensor-only method is called on them, or they are
+    `.backward()`-ed, directly or through a value computed from them in the same function."""
+    cached = _TENSORS_BY_USE.get(id(function))
+    if cached is not None and cached[0] is function:
+        return cached[1]
+    proven: set[str] = set()
+    backward: set[str] = set()
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(function):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_ONLY_USES:
+            proven.add(node.func.value.value)
+            if node.func.attr.value == "backward":
+                backward.add(node.func.value.value)
+        elif isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            assigned.setdefault(node.targets[0].target.value, []).append(node.value)
+    for name in backward:  # `total = p_loss + c * v_loss`: the operands of a loss are tensors too
+        for value in assigned.get(name, ()):
+            leaves: list[cst.BaseExpression] = []
+            _leaf_operands(value, leaves)
+            proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
+    if len(_TENSORS_BY_USE) > 4096:
+        _TENSORS_BY_USE.clear()
+    _TENSORS_BY_USE[id(function)] = (function, frozenset(proven))
+    return frozenset(proven)
 
 
 def _leaf_operands(node: cst.BaseExpression | None, out: list[cst.BaseExpression]) -> None:

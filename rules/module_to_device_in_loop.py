@@ -6,6 +6,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
+from gpulint.semantic.callgraph import Frequency
 from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, TENSOR, Placement, amortised
 
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
@@ -108,6 +109,49 @@ class ModuleToDeviceInLoop(Rule):
         ),
         Invalid(
             """
+            import torch
+            import torch.nn as nn
+
+            class Agent:
+                def __init__(self, device):
+                    self.device = device
+                    self.actor = nn.Linear(4, 2)
+                    self.opt = torch.optim.Adam(self.actor.parameters())
+
+                def collect(self, env):
+                    self.actor.to("cpu")
+                    return [self.actor(torch.as_tensor(env.reset())) for _ in range(8)]
+
+                def update(self, batch):
+                    self.actor.to(self.device)
+                    loss = self.actor(batch.to(self.device)).sum()
+                    loss.backward()
+                    self.opt.step()
+
+                def train(self, env, episodes):
+                    for _ in range(episodes):
+                        self.update(self.collect(env))
+            """,
+            count=2,
+        ),
+        Valid(
+            """
+            import torch
+            import torch.nn as nn
+
+            class Agent:
+                def __init__(self):
+                    self.actor = nn.Linear(4, 2)
+
+                def setup(self, device):
+                    self.actor.to(device)
+
+            agent = Agent()
+            agent.setup(torch.device("cuda"))
+            """
+        ),
+        Invalid(
+            """
             import torch.nn as nn
             model = nn.Linear(4, 2)
             for x in loader:
@@ -132,12 +176,16 @@ class ModuleToDeviceInLoop(Rule):
         loop = self._innermost_loop()
         kind = self.ctx.hot_kind()
         if loop is None:
-            if kind not in (HotKind.STEP_FUNCTION, HotKind.FORWARD):
-                return
             function = self._enclosing_function()
+            repeated = function is not None and self.ctx.analysis.call_frequency.get(id(function),
+                                                                                   Frequency.ONCE) > Frequency.ONCE
+            if kind not in (HotKind.STEP_FUNCTION, HotKind.FORWARD, HotKind.CALLEE, HotKind.ROLLOUT) and not repeated:
+                return
             if function is not None and self._built_in_loop(receiver, function):
                 return  # the function builds the module it moves
-            where = "in a function that runs every step"
+            where = ("in a function that runs every step" if kind is not None
+                     else f"in `{function.name.value}()`, which the program calls on every iteration of a loop "  # type: ignore[union-attr]
+                          "(per episode or update)")
         else:
             if id(loop) not in self.ctx.analysis.hot and self._encloses_hot_loop(loop):
                 return  # an epoch loop: one move per epoch costs nothing measurable
@@ -148,7 +196,9 @@ class ModuleToDeviceInLoop(Rule):
             return  # first iteration only, or every N steps (checkpointing)
         region = loop if loop is not None else self._enclosing_function()
         receiver_text = dotted_name(receiver)
-        if receiver_text and region is not None and self._moves_both_ways(region, receiver_text):
+        owner = self.ctx.enclosing(cst.ClassDef) if loop is None else None
+        if receiver_text and region is not None and (self._moves_both_ways(region, receiver_text) or (
+                owner is not None and self._moves_both_ways(owner, receiver_text))):
             self.report(node, f"`{receiver_text}` moves between the CPU and the GPU {where} (CPU actor / GPU "
                               "learner): every move copies all weights over PCIe; consider keeping a CPU copy and "
                               "loading state_dict updates only when they change", severity=Severity.INFO)

@@ -65,9 +65,13 @@ def mirror_of(mirrors: Path, repo: str, clone: bool) -> Path:
 
 
 def materialise(mirror: Path, commit: str, into: Path) -> None:
-    """The whole tree at `commit` (imports between files matter to the analysis)."""
-    archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit], check=True,
-                             capture_output=True).stdout
+    """Every Python file of the tree at `commit` (imports between files matter to the analysis; mirrors may
+    lack large binary files, which gpulint never reads)."""
+    listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "--name-only", commit], check=True,
+                             capture_output=True, text=True).stdout.splitlines()
+    sources = [path for path in listing if path.endswith((".py", ".toml", ".cfg"))]
+    archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, "--", *sources],
+                             check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
 

@@ -51,6 +51,7 @@ class ProgramCalls:
     frequencies: dict[str, Frequency]
     step_names: frozenset[str]
     rollout_names: frozenset[str]
+    trainer_names: frozenset[str]  # functions that train when called (a step or a whole step loop)
 
 
 # names too common to mark a loop by: `model.train()`, `scheduler.step()`, `runner.run()`
@@ -62,7 +63,11 @@ class CallSite:
     target: tuple[str, ...]  # ("name", f) | ("self", m) | ("attr", receiver_dotted, m)
     frequency: Frequency  # how often it runs within its own function
     throttled: bool  # under a throttling `if`
-    loop: int  # id of the innermost loop around it in its function (0: none)
+    loops: tuple[int, ...]  # ids of the loops around it in its function, outermost first
+
+    @property
+    def loop(self) -> int:
+        return self.loops[-1] if self.loops else 0
 
 
 @dataclass
@@ -75,6 +80,7 @@ class FunctionSummary:
     steps_at_top: bool = False  # backward/optimizer step outside its own loops: one call is one training step
     env_at_top: bool = False  # an environment step outside its own loops: one call is one rollout step
     network_at_top: bool = False  # evaluates a network outside its own loops (`play_move(net, state)`)
+    has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
 
 
 @dataclass
@@ -171,6 +177,7 @@ class _Summariser:
         if isinstance(node, _LOOPS):
             self._scan_expressions([node.iter if not isinstance(node, ast.While) else node.test], fn, loops, throttled)
             inner = [*loops, (self._loop_frequency(node, fn), id(node))]
+            fn.has_step_loop |= inner[-1][0] is Frequency.PER_STEP
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
             self._visit_block(node.body, fn, inner, throttled, owner)
@@ -200,7 +207,7 @@ class _Summariser:
     def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
                           throttled: bool) -> None:
         frequency = max((f for f, _ in loops), default=Frequency.ONCE)
-        loop = loops[-1][1] if loops else 0
+        loop_ids = tuple(i for _, i in loops)
         for call in _calls_outside_nested(roots, into_loops=True):  # type: ignore[arg-type]
             dotted = _dotted(call.func)
             if dotted is None:
@@ -214,7 +221,7 @@ class _Summariser:
                 target = ("self", parts[1])
             else:
                 target = ("attr", ".".join(parts[:-1]), parts[-1])
-            fn.sites.append(CallSite(target, frequency, throttled, loop))
+            fn.sites.append(CallSite(target, frequency, throttled, loop_ids))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
@@ -385,6 +392,8 @@ class CallGraph:
                 return []
             return self._method(path, fn.class_name, target[1])
         receiver, method = target[1], target[2]
+        if vocab.is_env_step(f"{receiver}.{method}"):
+            return self._env_methods()
         head = receiver.split(".")[0]
         if head in summary.imports:
             level, module, imported = summary.imports[head]
@@ -402,6 +411,15 @@ class CallGraph:
         candidates = self._methods.get(method, [])
         return candidates if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1 else []
 
+    def _env_methods(self) -> list[tuple[str, str]]:
+        """The step methods of the program's environment classes and wrappers (what `env.step(a)` runs)."""
+        if not hasattr(self, "_env_cache"):
+            self._env_cache = [(path, key) for path, summary in self.files.items()
+                               for key, fn in summary.functions.items()
+                               if fn.class_name and vocab.ENV_CLASS.search(fn.class_name)
+                               and fn.name in vocab.ENV_STEP_METHODS]
+        return self._env_cache
+
     # -- propagation -----------------------------------------------------------------------------
 
     def _propagate(self) -> None:
@@ -410,6 +428,7 @@ class CallGraph:
         rollout_functions = {(path, key) for path, summary in self.files.items()
                              for key, fn in summary.functions.items()
                              if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+        self._trainer_set = self._trainers(step_functions)
         frontier: list[tuple[str, str, Frequency, int]] = []
         for path, summary in self.files.items():
             for key, fn in summary.functions.items():
@@ -443,11 +462,34 @@ class CallGraph:
                     if callee != (path, key):
                         frontier.append((*callee, max(frequency, site.frequency), depth + 1))
 
+    def _trainers(self, step_functions: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Functions that train when called: a step, a step loop, or a call of such a function (fixed point)."""
+        trainers = set(step_functions) | {(path, key) for path, summary in self.files.items()
+                                          for key, fn in summary.functions.items() if fn.has_step_loop}
+        changed = True
+        while changed:
+            changed = False
+            for path, summary in self.files.items():
+                for key, fn in summary.functions.items():
+                    if (path, key) in trainers or key == "<module>":
+                        continue
+                    if any(not site.throttled and set(self.resolve(path, fn, site.target)) & trainers
+                           for site in fn.sites):
+                        trainers.add((path, key))
+                        changed = True
+        return trainers
+
     def _site_frequency(self, path: str, fn: FunctionSummary, site: CallSite, step_functions: set,
                         rollout_functions: set) -> Frequency:
-        """A loop that calls a step function is a step loop; one that calls a rollout step, a rollout loop."""
+        """A loop that calls a step function is a step loop; one that calls a rollout step, a rollout loop; a loop
+        nested in an update loop (one whose iteration trains: `for update in ...: collect; agent.update()`) runs
+        many times per update."""
         if site.frequency is not Frequency.PER_ITERATION:
             return site.frequency
+        for outer in site.loops[:-1]:
+            if any(other.loop == outer and not other.throttled
+                   and set(self.resolve(path, fn, other.target)) & self._trainer_set for other in fn.sites):
+                return Frequency.PER_ROLLOUT_STEP
         for other in fn.sites:
             if other.loop != site.loop or other.throttled:
                 continue
@@ -465,9 +507,11 @@ class CallGraph:
             found.setdefault(path, {})[key] = frequency
         return found
 
-    def step_names(self) -> tuple[frozenset[str], frozenset[str]]:
-        """Names of functions doing one training step per call, and of those doing one rollout step per call."""
+    def step_names(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+        """Names of functions doing one training step per call, of those doing one rollout step per call, and
+        of those that train when called."""
         steps, rollouts = set(), set()
+        trainers = {self.files[path].functions[key].name for path, key in self._trainer_set}
         for summary in self.files.values():
             for fn in summary.functions.values():
                 if fn.name in _AMBIGUOUS_STEP_NAMES or fn.name.startswith("__"):
@@ -476,4 +520,4 @@ class CallGraph:
                     steps.add(fn.name)
                 elif fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE):
                     rollouts.add(fn.name)
-        return frozenset(steps), frozenset(rollouts)
+        return frozenset(steps), frozenset(rollouts), frozenset(trainers - _AMBIGUOUS_STEP_NAMES)

@@ -13,6 +13,9 @@ OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
 ENV_RECEIVER = re.compile(r"env|game|board", re.I)
 ENV_METHODS = frozenset({"step", "play", "make_move", "play_move", "do_move", "execute_move", "apply_action",
                          "getNextState", "get_next_state", "next_state"})
+# classes whose step methods an environment step runs: `class VecPyTorch(VecEnvWrapper)`, `class Game`
+ENV_CLASS = re.compile(r"env|game|wrapper", re.I)
+ENV_STEP_METHODS = frozenset({"step", "step_wait", "step_async", "observation", "reward", "action"})
 MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
                         r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
 # methods through which a network is evaluated (MuZero's inference calls, Keras-style predict)
