@@ -4,7 +4,7 @@ import re
 
 import libcst as cst
 
-from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
 from gpulint.rules.dataloader_sync_loading import LoaderFlow, iterated_expressions
@@ -20,6 +20,8 @@ _GRAD_MODES = {"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled"
                "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad", "torch.autograd.inference_mode",
                "torch.autograd.grad_mode.inference_mode", "torch.autograd.set_grad_enabled",
                "torch.autograd.enable_grad", "torch.autograd.grad_mode.set_grad_enabled"}
+# the network's output is used as data: detached, read back or converted
+_DATA_USE = re.compile(r"\.(detach|cpu|numpy|item|tolist)\(|\.data\b")
 _NEEDS_GRAD = re.compile(r"\.backward\(|autograd\.grad\(|\bgrad\(|requires_grad_\(|requires_grad\s*=\s*True|"
                          r"set_grad_enabled|enable_grad|torch\.func\.|functorch|jacobian|hessian|\bvjp\(|\bjvp\(|"
                          r"\b\w*(optim|opt|scaler)\w*\.step\(|retain_grad\(|register_hook\(|saliency|adversarial|"
@@ -37,7 +39,9 @@ class EvalWithoutNoGrad(Rule):
     Finds evaluation loops that call the model with autograd recording: a loop over a validation/test loader,
     or a loop inside a function named `evaluate`/`validate`/`test`/`predict`/`inference`, with no enclosing
     `torch.no_grad()`/`torch.inference_mode()` (context or decorator, also at the call sites in the program)
-    and nothing that needs gradients.
+    and nothing that needs gradients. Also a function the program calls once per environment step, move or
+    tree-search simulation (found through the call graph, in any file) that runs a network with grad mode on and
+    only uses the output as data (`.detach()`, `.numpy()`, `.item()`): acting needs no graph.
 
     ## Why is this slow
     With grad mode on, every forward op saves its inputs for a backward pass that never comes: activation
@@ -82,7 +86,7 @@ class EvalWithoutNoGrad(Rule):
     safety = Safety.SAFE
     priority = "P3"
     default_enabled = False
-    triggers = ("val", "test", "eval", "predict", "infer", "dev")
+    triggers = ("val", "test", "eval", "predict", "infer", "dev", "step(", "play", "simulat")
     examples = [
         Valid(
             """
@@ -202,6 +206,80 @@ class EvalWithoutNoGrad(Rule):
             """,
         ),
     ]
+    examples = [*examples,
+        Invalid(
+            """
+            import torch
+
+            class Agent:
+                def __init__(self, actor):
+                    self.actor = actor
+
+                def choose_action(self, s):
+                    s = torch.tensor(s, dtype=torch.float).unsqueeze(0)
+                    a = self.actor(s).detach().numpy().flatten()
+                    return a
+
+            def rollout(env, agent):
+                s = env.reset()
+                for _ in range(1000):
+                    a = agent.choose_action(s)
+                    s, r, done, _ = env.step(a)
+            """,
+            fixed="""
+            import torch
+
+            class Agent:
+                def __init__(self, actor):
+                    self.actor = actor
+
+                @torch.no_grad()
+                def choose_action(self, s):
+                    s = torch.tensor(s, dtype=torch.float).unsqueeze(0)
+                    a = self.actor(s).detach().numpy().flatten()
+                    return a
+
+            def rollout(env, agent):
+                s = env.reset()
+                for _ in range(1000):
+                    a = agent.choose_action(s)
+                    s, r, done, _ = env.step(a)
+            """,
+        ),
+        Valid(  # the caller already disables grad
+            """
+            import torch
+
+            class Agent:
+                def act(self, s):
+                    return self.policy(torch.as_tensor(s)).argmax().item()
+
+            def rollout(env, agent):
+                s = env.reset()
+                for _ in range(1000):
+                    with torch.no_grad():
+                        a = agent.act(s)
+                    s, r, done, _ = env.step(a)
+            """
+        ),
+        Valid(  # REINFORCE: the log-probabilities of the episode are trained on
+            """
+            import torch
+
+            class Agent:
+                def act(self, s):
+                    probs = self.policy(torch.as_tensor(s))
+                    action = probs.multinomial(1)
+                    self.log_probs.append(probs.log()[action])
+                    return action.item()
+
+            def rollout(env, agent):
+                s = env.reset()
+                for _ in range(1000):
+                    s, r, done, _ = env.step(agent.act(s))
+            """
+        ),
+    ]
     micro_check = MicroCheck(
         kinds=("EQ",),
         setup=("model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()\n"
@@ -220,7 +298,10 @@ class EvalWithoutNoGrad(Rule):
     # -- candidates --------------------------------------------------------------------------------
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if not _EVAL_FUNCTION.match(node.name.value) or is_test_path(self.ctx.path):
+        if is_test_path(self.ctx.path):
+            return
+        if not _EVAL_FUNCTION.match(node.name.value):
+            self._check_rollout_function(node)
             return
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
             return
@@ -277,6 +358,31 @@ class EvalWithoutNoGrad(Rule):
             leading_lines=node.leading_lines,
         )
         self.report(node.iter, replacements=[(node, wrapped)], imports=imports)
+
+    def _check_rollout_function(self, node: cst.FunctionDef) -> None:
+        """A function the program calls once per environment step, move or tree-search simulation (the call
+        graph's rollout frequency) that runs a network with grad mode on and only uses its output as data
+        (`.detach()`, `.cpu()`, `.numpy()`, `.item()`): acting, not training."""
+        if self.ctx.analysis.hot.get(id(node)) is not HotKind.ROLLOUT:
+            return
+        if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
+            return
+        flow = LoaderFlow.of(self.ctx.analysis)
+        calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
+                 and not _under_grad_mode(self.ctx, flow, c, node)]
+        body = self.ctx.code(node.body)
+        if not calls or _NEEDS_GRAD.search(body) or not _DATA_USE.search(body) or re.search(r"\blog_prob", body):
+            return  # no network, gradients needed, outputs kept with their graph (REINFORCE keeps log-probs)
+        if self._called_under_no_grad(node.name.value):
+            return
+        self._reported_functions.add(id(node))
+        spelled, imports = self.ctx.spell("torch.no_grad")
+        decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
+        self.report(node.name, f"`{node.name.value}()` runs a network with autograd recording on every "
+                               "environment step or search simulation, then uses the output as data; acting needs "
+                               "no graph: decorate it with `@torch.no_grad()`",
+                    replacements=[(node, node.with_changes(decorators=[*node.decorators, decorator]))],
+                    imports=imports, safety=Safety.UNSAFE)
 
     # -- helpers -----------------------------------------------------------------------------------
 
