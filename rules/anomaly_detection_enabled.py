@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, walk
 from gpulint.rule import is_test_path
-from gpulint.rules.dataloader_sync_loading import LoaderFlow
+from gpulint.semantic.loaders import LoaderFlow
 
 _SET_ANOMALY = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 _DETECT_ANOMALY = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.rules.bool_mask_index_read import COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment
+from gpulint.semantic.masks import COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment
 
 _FP16_MAX = 65504.0
 _BF16_MAX = 3.3895e38  # also above float32's max: every float dtype's masked_fill_ raises, setitem may write inf

@@ -4,8 +4,14 @@ import libcst as cst
 
 from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, method_name, walk
-from gpulint.rules.bool_mask_index_read import (COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment,
-                                                mask_index_layout, same_code, tensor_verdict)
+from gpulint.semantic.masks import (
+    COMPOUND_MASK_NOTE,
+    aligned_mask,
+    hot_mask_assignment,
+    mask_index_layout,
+    same_code,
+    tensor_verdict,
+)
 
 # Full reductions: called without arguments they return a 0-d tensor on the receiver's device.
 _FULL_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median",

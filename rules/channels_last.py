@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT, call_arg, string_value
 from gpulint.rule import is_test_path
-from gpulint.rules.cudnn_benchmark import program_texts
+from gpulint.semantic.program_text import program_texts
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
 _CONV2D = re.compile(r"\bConv2d\(")

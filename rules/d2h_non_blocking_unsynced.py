@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, child_nodes, dotted_name, method_name
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, NONTENSOR, TENSOR, Placement
+from gpulint.semantic.placement import DEVICE, HOST, NONTENSOR, TENSOR, Placement
 
 # Uses of the host tensor that only look at metadata or hand it back to the GPU (ordered on the same stream).
 _METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "is_leaf", "names"}

@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import has_star_args
-from gpulint.rules.dataloader_sync_loading import int_literal, is_dataloader_call, loader_arg
+from gpulint.semantic.loaders import int_literal, is_dataloader_call, loader_arg
 
 
 class DataloaderInvalidWorkerOptions(Rule):

@@ -4,14 +4,9 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, method_name, walk
+from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
-from gpulint.rules.dataloader_sync_loading import (
-    LoaderFlow,
-    add_keyword,
-    checkable_loader_call,
-    int_literal,
-    loader_arg,
-)
+from gpulint.semantic.loaders import LoaderFlow, checkable_loader_call, int_literal, loader_arg
 
 _COUNT_FUNCTIONS = {"os.cpu_count", "multiprocessing.cpu_count", "torch.get_num_threads"}
 

@@ -5,12 +5,17 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import (BindingKind, Device, Evidence, call_arg, dotted_name, method_name, string_value,
-                              walk)
+from gpulint.analysis import BindingKind, Device, Evidence, call_arg, dotted_name, method_name, string_value, walk
 from gpulint.builders import add_keyword
-from gpulint.rules.dataloader_sync_loading import (LoaderFlow, checkable_loader_call, dataset_class, int_literal,
-                                                   loader_arg, tuple_element)
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, Placement
+from gpulint.semantic.loaders import (
+    LoaderFlow,
+    checkable_loader_call,
+    dataset_class,
+    int_literal,
+    loader_arg,
+    tuple_element,
+)
+from gpulint.semantic.placement import DEVICE, Placement
 
 _DEVICE_VAR = re.compile(r"(^|[._])(device|dev|cuda|gpu)$", re.I)
 # A name that holds a device (or a CUDA ordinal) in `.to(x)`: `device`, `args.device`, `self.dev`, `gpu`, `local_rank`.

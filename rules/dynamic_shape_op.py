@@ -4,8 +4,8 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, method_name
-from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
-from gpulint.rules.host_sync_in_hot_loop import HOST, Placement, on_error_path
+from gpulint.semantic.masks import numpy_in_file, tensor_verdict
+from gpulint.semantic.placement import HOST, Placement, on_error_path
 
 # torch functions whose output size depends on the data (x[mask] and masked_select are GPU001)
 _FUNCTIONS = {"torch.nonzero": "nonzero", "torch.argwhere": "argwhere", "torch.unique": "unique",

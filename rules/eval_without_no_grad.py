@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
-from gpulint.rules.dataloader_sync_loading import LoaderFlow, iterated_expressions
+from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")

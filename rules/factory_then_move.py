@@ -8,7 +8,7 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, TENSOR, Placement
+from gpulint.semantic.placement import DEVICE, TENSOR, Placement
 
 # Same values wherever they are computed (H200, torch 2.11: CPU-then-copy vs created on the GPU, torch.equal).
 _EXACT = {"zeros", "ones", "full", "empty", "eye"}

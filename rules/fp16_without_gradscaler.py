@@ -4,9 +4,9 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name, walk
-from gpulint.rules.gradscaler_with_bf16 import autocast_call_of, autocast_dtype
-from gpulint.rules.no_autocast import module_like
 from gpulint.program import related_texts
+from gpulint.semantic.modules import module_like
+from gpulint.semantic.precision import autocast_call_of, autocast_dtype
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # a scaler, or a framework that scales the loss itself, anywhere in the program

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+
 import libcst as cst
 
 from gpulint import Confidence, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, FileAnalysis, TENSOR_FACTORIES, call_arg, dotted_name, method_name, walk
-from gpulint.rules.split_forward_same_module import ModuleResolver, RowCheck, code_of, names_in, rebuild_owner
+from gpulint.analysis import TENSOR_FACTORIES, BindingKind, FileAnalysis, call_arg, dotted_name, method_name, walk
+from gpulint.semantic.modules import ModuleResolver, RowCheck, code_of, names_in, rebuild_owner
 
 _PAD_KEYWORDS = {"src_key_padding_mask", "key_padding_mask", "tgt_key_padding_mask", "memory_key_padding_mask"}
 _PAD_NAME = re.compile(r"pad", re.I)

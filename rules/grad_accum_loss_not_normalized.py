@@ -6,8 +6,8 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import child_nodes, dotted_name, method_name, string_value, walk
-from gpulint.rules.dataloader_sync_loading import LoaderFlow
-from gpulint.rules.ddp_accum_without_no_sync import Accumulation, Accumulations
+from gpulint.semantic.accumulation import Accumulation, Accumulations
+from gpulint.semantic.loaders import LoaderFlow
 
 _MEAN_LOSSES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
                 "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss",

@@ -5,64 +5,13 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, dotted_name, is_true, method_name, walk
 from gpulint.program import related_texts, search_texts
+from gpulint.semantic.precision import autocast_call_of, autocast_dtype
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
-_AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
-             "torch.cpu.amp.autocast"}
 # fp16 anywhere in the program (mixed fp16/bf16 code paths): then the scaler may be needed
 _FP16_TEXT = re.compile(r"(?<![bB])float16|\.half\(|\btorch\.half\b|\bfp16\b|['\"]16-mixed['\"]")
 _BF16_AUTOCAST_TEXT = re.compile(r"autocast\([^)]*bfloat16")
 _SCALER_KEEP = {"state_dict", "load_state_dict"}  # uses of the scaler outside the loop that stay valid
-
-
-def autocast_dtype(call: cst.Call, ctx) -> str | None:
-    """'bf16', 'fp16' or None (unknown) for an autocast call; `ctx` resolves names and aliases."""
-    qual = ctx.qualname(call.func) or ""
-    if qual not in _AUTOCAST:
-        return None
-    old = qual.startswith(("torch.cuda.amp", "torch.cpu.amp"))
-    dtype = call_arg(call, "dtype", 1)
-    if dtype is None:
-        if old:
-            return "fp16" if qual.startswith("torch.cuda") else "bf16"
-        device = call_arg(call, "device_type", 0)
-        text = ctx.code(device.value) if device is not None else ""
-        if ctx.program.search(r"set_autocast_dtype\b"):
-            return None
-        if re.fullmatch(r"""["']cuda(:\d+)?["']""", text.strip()):
-            return "fp16"
-        if re.fullmatch(r"""["']cpu["']""", text.strip()):
-            return "bf16"
-        return None
-    return dtype_name(dtype.value, ctx)
-
-
-def dtype_name(node: cst.BaseExpression, ctx, depth: int = 0) -> str | None:
-    qual = ctx.qualname(node)
-    if qual in ("torch.bfloat16",):
-        return "bf16"
-    if qual in ("torch.float16", "torch.half"):
-        return "fp16"
-    if isinstance(node, cst.Name) and depth < 3:
-        bindings = ctx.analysis.reaching_bindings(node.value, ctx.ancestors)
-        if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
-            return dtype_name(bindings[0].value, ctx, depth + 1)
-    return None
-
-
-def autocast_call_of(expr: cst.BaseExpression, ctx) -> cst.Call | None:
-    """The autocast call a `with` item uses: `autocast(...)` itself, or a name bound once to one."""
-    if isinstance(expr, cst.Call) and (ctx.qualname(expr.func) or "") in _AUTOCAST:
-        return expr
-    if isinstance(expr, cst.Name):
-        bindings = ctx.analysis.reaching_bindings(expr.value, ctx.ancestors)
-        if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and isinstance(bindings[0].value, cst.Call):
-            value = bindings[0].value
-            if (ctx.qualname(value.func) or "") in _AUTOCAST:
-                return value
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and not expr.args:
-        return None
-    return None
 
 
 class GradscalerWithBf16(Rule):

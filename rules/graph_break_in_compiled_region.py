@@ -7,7 +7,7 @@ import libcst as cst
 
 from gpulint import Confidence, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, child_nodes, method_name
-from gpulint.rules.cudnn_benchmark import program_texts
+from gpulint.semantic.program_text import program_texts
 
 _DISABLE = {"torch.compiler.disable", "torch._dynamo.disable", "torch.compiler.disable_dynamo"}
 _DYNAMIC_SHAPE_FUNCTIONS = {"torch.nonzero", "torch.unique", "torch.unique_consecutive", "torch.masked_select",

@@ -6,7 +6,7 @@ from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.rules.host_sync_in_hot_loop import TENSOR, Placement
+from gpulint.semantic.placement import TENSOR, Placement
 
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 

@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import Invalid, Rule, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, is_numeric_literal, method_name
 from gpulint.rule import is_test_path
-from gpulint.rules.host_sync_in_hot_loop import (
+from gpulint.semantic.placement import (
     DEVICE,
     HOST,
     NONTENSOR,

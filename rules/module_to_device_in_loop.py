@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
 from gpulint.semantic.callgraph import Frequency
-from gpulint.rules.host_sync_in_hot_loop import DEVICE, HOST, TENSOR, Placement, amortised
+from gpulint.semantic.placement import DEVICE, HOST, TENSOR, Placement, amortised
 
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 _FIRST_TIME = re.compile(r"first|moved|init|setup|^_?on_device|placed", re.I)

@@ -2,13 +2,14 @@ import re
 
 import libcst as cst
 
-from gpulint import Confidence, HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import TENSOR_FACTORIES, BindingKind, Evidence, child_nodes, dotted_name, method_name, walk
+from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.rule import is_test_path
 from gpulint.program import related_texts
-from gpulint.rules.tf32_not_enabled import FP64, LOW_PRECISION, _CUDA_TEXT
+from gpulint.rule import is_test_path
+from gpulint.semantic.modules import module_like
+from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # custom kernels may lack autocast support; RPC runs the forward on remote workers, outside the context
@@ -252,7 +253,7 @@ class NoAutocast(Rule):
         texts = related_texts(self.ctx)
         joined = list(texts.values())
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
-                or any(_CUDA_TEXT.search(t) for t in joined)):
+                or any(CUDA_TEXT.search(t) for t in joined)):
             return
         if any(p.search(t) for p in (LOW_PRECISION, FP64, _CUSTOM_KERNELS, _RL) for t in joined):
             return
@@ -393,30 +394,6 @@ class NoAutocast(Rule):
 
 # ---------------------------------------------------------------------------------------------------
 # syntax helpers
-
-
-def module_like(expr: cst.BaseExpression, ctx, depth: int = 0) -> bool:
-    """Is `expr` an nn.Module instance? Also knows Module classes defined in other files of the program and
-    torchvision/timm constructors (the engine's `is_module` only knows this file's classes)."""
-    if depth > 4:
-        return False
-    if ctx.evidence.is_module(expr) is Confidence.HIGH:
-        return True
-    if isinstance(expr, cst.Call):
-        qual = ctx.qualname(expr.func) or ""
-        last = (dotted_name(expr.func) or "").rsplit(".", 1)[-1]
-        if last in ctx.program.module_classes or qual.startswith(("torchvision.models.", "timm.create_model")):
-            return True
-        if method_name(expr) in ("to", "cuda", "float", "half", "train", "eval") and isinstance(expr.func,
-                                                                                              cst.Attribute):
-            return module_like(expr.func.value, ctx, depth + 1)
-        return False
-    if isinstance(expr, cst.Name):
-        bindings = ctx.analysis.bindings_of(expr.value, ctx.ancestors)
-        values = [b.value for b in bindings if b.kind is BindingKind.ASSIGN and b.value is not None]
-        return bool(values) and len(values) == len(bindings) and all(
-            module_like(v, ctx, depth + 1) for v in values)
-    return False
 
 
 def _parent_map(root: cst.CSTNode) -> dict[int, cst.CSTNode]:

@@ -5,12 +5,20 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import (CUDA_TEXT_PATTERN, BindingKind, call_arg, child_nodes, dotted_name, method_name,
-                              string_value, walk)
+from gpulint.analysis import (
+    CUDA_TEXT_PATTERN,
+    BindingKind,
+    call_arg,
+    child_nodes,
+    dotted_name,
+    method_name,
+    string_value,
+    walk,
+)
 from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
 from gpulint.rule import is_test_path
-from gpulint.rules.cudnn_benchmark import program_texts
+from gpulint.semantic.program_text import program_texts
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
 # "`fused=True` requires all the params to be floating point Tensors of supported devices: ['mps', 'xpu', ...]").

@@ -6,9 +6,9 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import child_nodes, dotted_name, method_name
-from gpulint.rules.empty_cache_in_loop import gated
+from gpulint.semantic.frequency import gated
+from gpulint.semantic.vocab import SYNCHRONIZE_CALLS
 
-SYNCHRONIZE_CALLS = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
 _TIMING = re.compile(r"\b(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|time_ns|"
                      r"default_timer|timeit|elapsed_time|Event|record|tic|toc|timer|Timer|elapsed|stopwatch)\b")
 _TOOL_PATH = re.compile(r"(^|[\\/_])(bench\w*|benchmarks?|profil\w*)(\.py$|[\\/_])", re.I)

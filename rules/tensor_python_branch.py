@@ -4,8 +4,8 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Severity, Valid
 from gpulint.analysis import BindingKind, dotted_name, method_name, walk
-from gpulint.rules.bool_mask_index_read import numpy_in_file, tensor_verdict
-from gpulint.rules.host_sync_in_hot_loop import Placement, after_init_once_guard, amortised
+from gpulint.semantic.masks import numpy_in_file, tensor_verdict
+from gpulint.semantic.placement import Placement, after_init_once_guard, amortised
 
 # Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
 _TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",

@@ -3,7 +3,7 @@ import libcst as cst
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.program import current_text, program_index
-from gpulint.rules.tf32_not_enabled import location, tf32_facts, training_entry_anchor
+from gpulint.semantic.precision import location, tf32_facts, training_entry_anchor
 
 
 class Tf32ApiMix(Rule):

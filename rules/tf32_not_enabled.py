@@ -1,181 +1,19 @@
-import ast
 import re
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Iterator
 
 import libcst as cst
 
-from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import CUDA_TEXT_PATTERN, dotted_name, walk
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import network_size
 from gpulint.pins import torch_pinned_below
-from gpulint.program import MAIN_GUARD_TEXT, program_index, related_texts
+from gpulint.program import program_index, related_texts
 from gpulint.rule import is_test_path
+from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, training_entry_anchor
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
 
-_TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
-# CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
-_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|\.to\(\s*0\s*\)|"""
-                        r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
 
-
-@dataclass(frozen=True)
-class _Use:
-    line: int
-    what: str
-    gated: bool  # under a version/feature gate (`if hasattr(...)`, `try:`), so maybe not executed
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What one file's text says, from a cheap `ast` parse (cached by text)."""
-
-    imports: tuple[tuple[int, str, tuple[str, ...]], ...] = ()  # (level, module, imported names)
-    is_entry: bool = False  # `if __name__ == "__main__":` or a top-level training loop
-    tf32_legacy: tuple[_Use, ...] = ()
-    tf32_new: tuple[_Use, ...] = ()
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-_GATE_TEST = re.compile(r"hasattr|getattr|version|fp32_precision|allow_tf32|float32_matmul|TORCH_", re.I)
-_NEW_TAIL = re.compile(r"(^|\.)(backends|matmul|cudnn|conv|rnn)\.fp32_precision$")
-_LEGACY_ATTR = re.compile(r"(^|\.)(matmul|cudnn)\.allow_tf32$")
-_LEGACY_CALL = re.compile(r"(^|\.)(set|get)_float32_matmul_precision$")
-
-
-class _FactVisitor(ast.NodeVisitor):
-    def __init__(self) -> None:
-        self.gate = 0
-        self.legacy: list[_Use] = []
-        self.new: list[_Use] = []
-        self.imports: list[tuple[int, str, tuple[str, ...]]] = []
-
-    def _gated(self, node: ast.AST, gated: bool) -> None:
-        self.gate += gated
-        self.generic_visit(node)
-        self.gate -= gated
-
-    def visit_If(self, node: ast.If) -> None:
-        self._gated(node, bool(_GATE_TEST.search(ast.unparse(node.test))))
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        self._gated(node, bool(_GATE_TEST.search(ast.unparse(node.test))))
-
-    def visit_Try(self, node: ast.Try) -> None:
-        self._gated(node, True)
-
-    visit_TryStar = visit_Try
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self.imports.append((0, alias.name, ()))
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        self.imports.append((node.level, node.module or "", tuple(a.name for a in node.names)))
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        dotted = _dotted(node)
-        if _LEGACY_ATTR.search(dotted):
-            self.legacy.append(_Use(node.lineno, dotted, self.gate > 0))
-        elif _NEW_TAIL.search(dotted) and isinstance(node.ctx, ast.Store) and (
-                "backends" in dotted or "matmul" in dotted or "cudnn" in dotted):
-            self.new.append(_Use(node.lineno, dotted, self.gate > 0))
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        dotted = _dotted(node.func)
-        if _LEGACY_CALL.search(dotted):
-            self.legacy.append(_Use(node.lineno, dotted.rsplit(".", 1)[-1] + "()", self.gate > 0))
-        self.generic_visit(node)
-
-
-def _is_main_test(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
-            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == "__main__")
-
-
-def _top_level_nodes(tree: ast.Module) -> Iterator[ast.AST]:
-    stack: list[ast.AST] = list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _has_step_call(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("backward", "step")
-               for n in ast.walk(node))
-
-
-@lru_cache(maxsize=4096)
-def _facts(text: str) -> _Facts:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return _Facts(is_entry=bool(MAIN_GUARD_TEXT.search(text)))
-    visitor = _FactVisitor()
-    visitor.visit(tree)
-    is_entry = any(isinstance(s, ast.If) and _is_main_test(s.test) for s in tree.body) or any(
-        isinstance(n, (ast.For, ast.While)) and _has_step_call(n) for n in _top_level_nodes(tree))
-    return _Facts(tuple(visitor.imports), is_entry, tuple(visitor.legacy), tuple(visitor.new))
-
-
-def tf32_facts(path: str, text: str) -> _Facts:
-    """TF32 API uses of one file (parsed only when its text names a TF32 API)."""
-    return _facts(text) if _TF32_TEXT.search(text) else _Facts()
-
-
-def training_entry_anchor(ctx, *, any_main_guard: bool = False) -> cst.CSTNode | None:
-    """Where a program-level finding is reported: the `if __name__ == "__main__":` statement of a file that
-    has a training loop (hot region of kind step-loop/step-function); in a script without a guard, its
-    first top-level training loop, or the first top-level statement that calls a function of the file
-    containing one (`for epoch in ...: train()`). None when the current file is not a training entry."""
-    analysis = ctx.analysis
-    steps = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
-    trains = any(kind in steps for kind in analysis.hot.values())
-    if analysis.main_guard is not None and (trains or any_main_guard):
-        return analysis.main_guard
-    if not trains:
-        return None
-    training_functions = {name for name, defs in analysis.functions.items()
-                          if any(analysis.hot.get(id(n)) in steps for fn in defs for n in walk(fn, into_functions=False)
-                                 if n is fn or isinstance(n, (cst.For, cst.While)))}
-    for statement in ctx.module.body:
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        for node in walk(statement):
-            if isinstance(node, (cst.For, cst.While)) and analysis.hot.get(id(node)) is HotKind.STEP_LOOP:
-                return node
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) \
-                    and node.func.value in training_functions:
-                return statement
-    return None
-
-
-def location(ctx, path: str, line: int) -> str:
-    return f"line {line}" if path == ctx.path else f"{path}:{line}"
-
-
-# Text markers (comments included: a mention only ever makes the rules more careful).
-LOW_PRECISION = re.compile(
-    r"autocast|\.half\(|\btorch\.half\b|float16|bfloat16|\bbf16\b|\bfp16\b|mixed_precision|GradScaler|"
-    r"\bapex\b|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|\.to\(\s*dtype\s*=")
-FP64 = re.compile(r"float64|\.double\(|torch\.double\b|complex128|set_default_dtype")
 TF32_MATMUL_SET = re.compile(
     r"float32_matmul_precision|\bmatmul\.allow_tf32|\bmatmul\.fp32_precision|\bbackends\.fp32_precision|"
     r"\btf32\s*=|['\"]--?tf32")
@@ -391,7 +229,7 @@ class Tf32NotEnabled(Rule):
         texts = related_texts(ctx)
         joined = list(texts.values())
         if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
-                or any(_CUDA_TEXT.search(text) for text in joined)):
+                or any(CUDA_TEXT.search(text) for text in joined)):
             return
         for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
             if any(pattern.search(text) for text in joined):

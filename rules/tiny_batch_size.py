@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.rules.dataloader_sync_loading import (
+from gpulint.semantic.loaders import (
     LoaderFlow,
     checkable_loader_call,
     int_literal,

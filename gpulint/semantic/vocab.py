@@ -24,9 +24,9 @@ LOADER_TEXT = re.compile(r"loader|(^|_)dl($|_)|dataloader", re.I)
 # `if` tests that throttle what they guard to every N steps, the end of an episode or a debug switch
 THROTTLE_NAME = re.compile(r"interval|freq|every|period|log|print|verbose|debug|save|ckpt|checkpoint|eval|"
                            r"done|terminal|finished|is_over|game_over|display|render|plot|report", re.I)
-# functions never worth calling hot: their work is output, not computation
-OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|log|print|summar|report|write|dump|"
-                             r"checkpoint|test_)", re.I)
+# functions never worth calling hot: file and screen output (a logging helper called every step still syncs
+# every step, so `log_*` is not among them)
+OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|checkpoint|test_)", re.I)
 EVAL_FUNCTION = re.compile(r"^_?(eval|evaluate|test|valid|validate|validation|val)(_|$)", re.I)
 
 
@@ -67,3 +67,6 @@ def is_network_call(dotted: str | None) -> bool:
 def throttles(names: set[str], has_modulo: bool) -> bool:
     """Does an `if` test with these names (and maybe a `%`) run its body only now and then?"""
     return has_modulo or any(THROTTLE_NAME.search(name) for name in names)
+
+
+SYNCHRONIZE_CALLS = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}

@@ -1,0 +1,863 @@
+"""Where a value lives (host / device / tensor of unknown place / not a tensor) with the evidence
+that decided it, and how often a site runs within its loop (every N steps, after a first-iteration
+guard, on an error path)."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import libcst as cst
+
+from gpulint import Device
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
+from gpulint.rule import RuleContext
+
+NONTENSOR = "nontensor"  # Python numbers, strings, NumPy arrays, containers: never a GPU sync
+HOST = "host"  # a torch tensor on the CPU
+DEVICE = "device"  # a torch tensor with evidence of living on the accelerator
+TENSOR = "tensor"  # a torch tensor whose placement is not known
+_NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names",
+                     "training", "is_sparse", "itemsize", "nbytes"}
+# PackedSequence.batch_sizes is always a CPU tensor (torch keeps it on the host); the name is used for it
+_PACKED_HOST_FIELDS = {"batch_sizes"}
+_SAME_PLACE_ATTRS = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
+_NON_TENSOR_METHODS = {"size", "dim", "numel", "element_size", "stride", "data_ptr", "get_device", "nelement",
+                       "is_contiguous", "is_floating_point", "item", "tolist", "numpy", "keys", "values", "items",
+                       "format", "join", "split", "strip", "astype", "storage_offset", "dim_order"}
+_HOST_METHODS = {"cpu", "pin_memory"}
+# Methods of tensors whose result lives where the receiver (and tensor arguments) live.
+_TENSOR_METHODS = {
+    "detach", "clone", "contiguous", "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "byte",
+    "char", "type_as", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "permute", "transpose", "t", "expand", "expand_as", "repeat", "narrow", "select", "index_select", "gather",
+    "scatter", "scatter_add", "masked_fill", "masked_select", "chunk", "split", "unbind", "sum", "mean", "std",
+    "var", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "norm", "abs", "exp", "log", "log1p", "sqrt",
+    "rsqrt", "pow", "neg", "sign", "round", "floor", "ceil", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid",
+    "tanh", "relu", "softmax", "log_softmax", "logsumexp", "mul", "add", "sub", "div", "matmul", "mm", "bmm",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "any", "all", "isnan",
+    "isinf", "isfinite", "topk", "sort", "cumsum", "cumprod", "diff", "square", "mean", "nansum", "nanmean",
+    "count_nonzero", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "requires_grad_", "detach_",
+    "add_", "mul_", "sub_", "div_", "copy_", "zero_", "fill_", "clamp_", "data_ptr_", "float_power", "median",
+    "mode", "kthvalue", "quantile", "dot", "outer", "diag", "diagonal", "trace", "tril", "triu", "flip", "roll",
+    "to_dense", "sum_to_size", "lerp", "exp_", "abs_", "masked_fill_", "argsort",
+}
+# In-place random fills: the result is the receiver, wherever it lives (`torch.empty(1).uniform_(a, b)`).
+_FILL_METHODS = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+                 "log_normal_"}
+# torch functions computed elementwise on their tensor arguments
+_ELEMENTWISE = {"exp", "log", "log1p", "sqrt", "rsqrt", "abs", "neg", "sign", "round", "floor", "ceil", "clamp",
+                "clip", "sigmoid", "tanh", "pow", "mul", "add", "sub", "div", "where", "minimum", "maximum", "lerp",
+                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "sin", "cos",
+                "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"}
+# Of those, the ones NumPy arrays share: not evidence that an unknown receiver is a tensor.
+_NUMPY_SHARED = {"sum", "mean", "std", "var", "prod", "max", "min", "argmax", "argmin", "clip", "reshape",
+                 "flatten", "squeeze", "transpose", "repeat", "round", "any", "all", "cumsum", "cumprod", "diagonal",
+                 "trace", "dot", "sort", "view", "copy", "fill", "nonzero", "astype", "T", "mean"}
+# Of those, the ones `nn.Module` shares (`model.half()`, `net.requires_grad_(False)`): not evidence either.
+_MODULE_SHARED = {"float", "double", "half", "bfloat16", "requires_grad_"}
+_VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
+_DTYPES = {"float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
+           "int16", "short", "int8", "uint8", "bool", "complex64", "complex128"}
+_TORCH_NON_TENSOR_FUNCS = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled",
+                           "get_default_dtype", "device", "Size", "finfo", "iinfo", "manual_seed", "save", "load",
+                           "compile", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
+                           "typename", "is_nonzero", "equal", "allclose", "is_storage", "get_rng_state",
+                           "set_printoptions", "seed", "initial_seed", "use_deterministic_algorithms", "dtype",
+                           "Generator", "set_default_dtype", "set_default_device", "get_num_threads",
+                           "set_num_threads"}
+_HOST_CONSTRUCTORS = {"Tensor", "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor",
+                      "IntTensor", "ShortTensor", "ByteTensor", "CharTensor", "BoolTensor", "from_numpy",
+                      "frombuffer"}
+_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "rand", "randn",
+              "randint", "randperm", "normal", "empty_strided", "tril_indices", "triu_indices", "range"}
+_LIKE_FACTORIES = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like",
+                   "randint_like"}
+_BUILTIN_NON_TENSOR = {"len", "range", "int", "float", "bool", "str", "list", "tuple", "dict", "set", "sorted",
+                       "enumerate", "zip", "round", "repr", "isinstance", "hasattr", "getattr", "type", "id",
+                       "format", "abs", "divmod", "hash", "ord", "chr"}
+_CONTAINER_CALLS = {"list", "dict", "tuple", "set", "defaultdict", "OrderedDict", "deque", "collections.defaultdict",
+                    "collections.OrderedDict", "collections.deque"}
+_DEVICE_NAME = re.compile(r"device|^dev$|_dev$|cuda|gpu|rank", re.I)
+_MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
+                         r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
+_CPU_NAME = re.compile(r"cpu|host", re.I)
+
+
+def combine_operands(kinds: Iterable[str | None]) -> str | None:
+    """Placement of an op's result from its operands' placements (CPU tensors only mix with 0-d values)."""
+    kinds = list(kinds)
+    if DEVICE in kinds:
+        return DEVICE
+    if HOST in kinds:
+        return HOST
+    if TENSOR in kinds:
+        return TENSOR
+    if kinds and all(k == NONTENSOR for k in kinds):
+        return NONTENSOR
+    return None
+
+
+def combine_alternatives(kinds: Iterable[str | None]) -> str | None:
+    """Placement of a name with several reaching definitions: only what all of them agree on."""
+    found = set(kinds)
+    if len(found) == 1:
+        return found.pop()
+    if found and found <= {DEVICE, TENSOR}:
+        return TENSOR
+    if found and found <= {HOST, NONTENSOR}:
+        return HOST
+    return None
+
+
+class Placement:
+    """Where values live, bound to one traversal position (ctx.ancestors). Flow-insensitive and syntactic;
+    answers None whenever it does not know, and NONTENSOR/HOST only with positive evidence."""
+
+    def __init__(self, ctx: RuleContext) -> None:
+        self.ctx = ctx
+        self.a = ctx.analysis
+        self.ev = ctx.evidence
+        self.default_device = _program_sets_default_device(ctx)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def of(self, node: cst.BaseExpression | None, depth: int = 0, before: int | None = None) -> str | None:
+        if node is None or depth > 8:
+            return None
+        if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.FormattedString,
+                             cst.ConcatenatedString, cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp,
+                             cst.DictComp, cst.SetComp, cst.GeneratorExp, cst.Lambda)):
+            return NONTENSOR
+        if isinstance(node, cst.Name):
+            if node.value in ("True", "False", "None"):
+                return NONTENSOR
+            return self._name(node, depth, before)
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, depth, before)
+        if isinstance(node, cst.Subscript):
+            if self._is_container(node.value):
+                return None
+            return self.of(node.value, depth + 1, before)
+        if isinstance(node, cst.Call):
+            return self._call(node, depth, before)
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, cst.Modulo) and isinstance(node.left, (cst.SimpleString,
+                                                                                 cst.ConcatenatedString)):
+                return NONTENSOR
+            return combine_operands([self.of(node.left, depth + 1, before), self.of(node.right, depth + 1, before)])
+        if isinstance(node, cst.UnaryOperation):
+            if isinstance(node.operator, cst.Not):
+                return NONTENSOR
+            return self.of(node.expression, depth + 1, before)
+        if isinstance(node, cst.Comparison):
+            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
+                return NONTENSOR
+            return combine_operands([self.of(node.left, depth + 1, before)]
+                                    + [self.of(c.comparator, depth + 1, before) for c in node.comparisons])
+        if isinstance(node, cst.IfExp):
+            return combine_alternatives([self.of(node.body, depth + 1, before), self.of(node.orelse, depth + 1, before)])
+        return None
+
+    def is_tensor(self, node: cst.BaseExpression | None) -> bool:
+        return self.of(node) in (DEVICE, TENSOR, HOST)
+
+    def host_only(self, node: cst.BaseExpression | None) -> bool:
+        """Is every tensor in this expression a CPU tensor, with at least one (`torch.rand(1) < self.p`)?
+        Stricter than `of(...) == HOST`: an operand that is a tensor of unknown placement (a 0-d CPU tensor
+        mixes with a device tensor, and the result lives on the device) makes it False."""
+        leaves: list[cst.BaseExpression] = []
+        _leaf_operands(node, leaves)
+        found_host = False
+        for leaf in leaves:
+            if self.built_on_host(leaf):
+                found_host = True
+                continue
+            kind = self.of(leaf)
+            if kind in (DEVICE, TENSOR, HOST):
+                return False
+            elif kind is None:
+                verdict = self.ev.is_tensor(leaf)
+                if verdict is True or verdict is None and not _is_plain_value(leaf):
+                    return False
+        return found_host
+
+    def built_on_host(self, node: cst.BaseExpression | None, depth: int = 0, before: int | None = None) -> bool:
+        """A tensor made on the CPU by this code: a torch factory without `device=` (`torch.rand(1)`,
+        `torch.empty(1).uniform_(a, b)`, `torch.tensor(x)`), or a value computed only from such tensors and
+        Python values by elementwise ops, casts, in-place fills or indexing. Narrower than `of(...) == HOST`
+        (no DataLoader batches or module outputs, whose placement a model may change). `before`: the order of the
+        statement being resolved (None: the current node), so that `m = torch.Tensor(m)` reads the earlier `m`."""
+        if node is None or depth > 6 or self.default_device:
+            return False
+        if isinstance(node, cst.Subscript):
+            return self.built_on_host(node.value, depth + 1, before)
+        if isinstance(node, cst.UnaryOperation) and not isinstance(node.operator, cst.Not):
+            return self.built_on_host(node.expression, depth + 1, before)
+        if isinstance(node, cst.BinaryOperation):
+            return self._host_operands([node.left, node.right], depth, before)
+        if isinstance(node, cst.Comparison):
+            return self._host_operands([node.left, *(c.comparator for c in node.comparisons)], depth, before)
+        if isinstance(node, cst.Name):
+            bindings = self.reaching(node.value, before)
+            return bool(bindings) and all(
+                b.kind is BindingKind.ASSIGN and self.built_on_host(b.value, depth + 1, b.order) for b in bindings)
+        if not isinstance(node, cst.Call):
+            return False
+        qual = self.ctx.qualname(node.func) or ""
+        if qual in _VARIABLE and node.args:
+            return self.built_on_host(node.args[0].value, depth + 1, before)
+        if qual.startswith("torch."):
+            last = qual.rsplit(".", 1)[-1]
+            if call_arg(node, "device") is not None or qual.count(".") != 1:
+                return False
+            if last in ("tensor", "as_tensor"):  # these keep the device of a tensor argument
+                data = node.args[0].value if node.args else None
+                return data is not None and (self.of(data, 0, before) == NONTENSOR or self.ev.is_tensor(data) is False
+                                             or self.built_on_host(data, depth + 1, before))
+            if last in _LIKE_FACTORIES:  # on the device of their tensor argument
+                return bool(node.args) and self.built_on_host(node.args[0].value, depth + 1, before)
+            if last in _FACTORIES or last in _HOST_CONSTRUCTORS:
+                return all(self.of(arg.value, 0, before) in (NONTENSOR, None)
+                           or self.built_on_host(arg.value, depth + 1, before)
+                           for arg in node.args if arg.keyword is None or arg.keyword.value != "out")
+            if last in _TENSOR_METHODS or last in _ELEMENTWISE:
+                return self._host_operands([arg.value for arg in node.args if not arg.star], depth, before)
+            return False
+        name = method_name(node)
+        if isinstance(node.func, cst.Attribute) and (name in _FILL_METHODS or name in _TENSOR_METHODS
+                                                     and not name.startswith("new_") and name != "copy_"):
+            return self._host_operands([node.func.value] + [arg.value for arg in node.args if not arg.star], depth,
+                                      before)
+        if name == "to" and node.args and all(  # `.to(torch.float32)`: a cast stays where it is
+                (arg.keyword is None or arg.keyword.value == "dtype") and self._is_dtype(arg.value)
+                for arg in node.args):
+            return self.built_on_host(node.func.value, depth + 1, before)  # type: ignore[union-attr]
+        return False
+
+    def _is_dtype(self, node: cst.BaseExpression) -> bool:
+        qual = self.ctx.qualname(node) or ""
+        return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _DTYPES
+
+    def _host_operands(self, operands: list[cst.BaseExpression], depth: int, before: int | None = None) -> bool:
+        """At least one operand built on the host, the others Python values (never a tensor of unknown place)."""
+        found = False
+        for operand in operands:
+            if self.built_on_host(operand, depth + 1, before):
+                found = True
+            elif self.of(operand, 0, before) not in (NONTENSOR, None) or self.ev.is_tensor(operand) is True \
+                    or self.of(operand, 0, before) is None and not _is_plain_value(operand) \
+                    and not isinstance(operand, (cst.Integer, cst.Float)):
+                return False
+        return found
+
+    def may_be_on_device(self, node: cst.BaseExpression | None) -> bool:
+        """A torch tensor, not known to be on the CPU."""
+        return self.of(node) in (DEVICE, TENSOR)
+
+    def target_of_to(self, call: cst.Call) -> str | None:
+        """For `.to(...)`: DEVICE / HOST for the target device, TENSOR for a dtype-only or unknown target."""
+        target = call_arg(call, "device")
+        if target is None:
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            if positional:
+                target = positional[0]
+        if target is None:
+            return TENSOR  # .to(dtype=...), .to(memory_format=...)
+        return self.device_kind(target.value)
+
+    def device_kind(self, node: cst.BaseExpression) -> str | None:
+        """DEVICE, HOST, TENSOR (a dtype: no move) or None (another tensor / unknown) for a device-like argument."""
+        qual = self.ctx.qualname(node) or ""
+        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] not in ("device",) and not qual.startswith(
+                "torch.cuda"):
+            return TENSOR  # torch.float16 & co.: a cast
+        if isinstance(node, cst.Attribute) and node.attr.value == "dtype":
+            return TENSOR
+        if isinstance(node, cst.Name):
+            bindings = self.a.bindings_of(node.value, self.ctx.ancestors)
+            if bindings and all(b.kind is BindingKind.ASSIGN and b.value is not None
+                                and self.device_kind(b.value) == TENSOR for b in bindings):
+                return TENSOR  # `half = torch.bfloat16`
+            # every assignment in scope, not only the textually last one: `if ...: d = accel else: d = cpu`
+            # a parameter defaulting to the CPU (`device=torch.device("cpu")`) counts as the CPU
+            found = {self.ev.device_of(b.value) if b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) else None
+                     for b in self.a.bindings_of(node.value, self.ctx.ancestors)}
+            if found == {Device.CPU}:
+                return HOST
+            if found & {Device.CUDA, Device.MAYBE_CUDA}:
+                return DEVICE
+            if Device.CPU in found:
+                return None
+        device = self.ev.device_of(node)
+        if device is Device.CPU:
+            return HOST
+        if device in (Device.CUDA, Device.MAYBE_CUDA):
+            return DEVICE
+        text = last_name(node)
+        if text and _CPU_NAME.search(text):
+            return HOST
+        if text and _DEVICE_NAME.search(text):
+            return DEVICE
+        if isinstance(node, cst.Call) and self.ctx.qualname(node.func) == "torch.device":
+            return DEVICE if node.args and self.ev.device_of(node.args[0].value) is not Device.CPU else None
+        return None
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _name(self, node: cst.Name, depth: int, before: int | None) -> str | None:
+        if node.value in _PACKED_HOST_FIELDS:
+            return HOST
+        bindings = self.reaching(node.value, before)
+        if not bindings:
+            return None
+        kinds = []
+        for binding in bindings:
+            if binding.kind is BindingKind.ASSIGN:
+                kinds.append(self.of(binding.value, depth + 1, binding.order))
+            elif binding.kind is BindingKind.UNPACK:
+                value = binding.value
+                if isinstance(value, (cst.Tuple, cst.List)) and binding.path and binding.path[0] < len(
+                        value.elements) and not any(isinstance(e, cst.StarredElement) for e in value.elements):
+                    kinds.append(self.of(value.elements[binding.path[0]].value, depth + 1, binding.order))
+                elif isinstance(value, cst.Call):
+                    kind = self.of(value, depth + 1, binding.order)
+                    kinds.append(kind if kind in (DEVICE, TENSOR, HOST) else None)
+                else:
+                    kinds.append(None)
+            elif binding.kind is BindingKind.FOR:
+                kinds.append(self._for_target(binding))
+            else:
+                kinds.append(None)
+        kind = combine_alternatives(kinds)
+        if kind is None and self._backward_called_on(node.value) and not self._module_like(bindings):
+            return TENSOR
+        return kind
+
+    def reaching(self, name: str, before: int | None = None) -> list:
+        """Bindings of `name` that reach a point: the last one textually before it, or all when none precede
+        it (loop-carried). `before` is the order of the statement being resolved (None: the current node)."""
+        bindings = self.a.bindings_of(name, self.ctx.ancestors)
+        here = self.a.statement_order(self.ctx.ancestors) if before is None else before
+        prior = [b for b in bindings if b.order < here]
+        return [prior[-1]] if prior else bindings
+
+    def _for_target(self, binding) -> str | None:  # noqa: ANN001 - analysis.Binding
+        iterable = binding.value
+        if isinstance(iterable, cst.Call):
+            func = dotted_name(iterable.func) or ""
+            if func in ("range",):
+                return NONTENSOR
+            if func.endswith("enumerate") and binding.path[:1] == (0,):
+                return NONTENSOR
+        if self.ev._for_target_is_batch(binding):  # noqa: SLF001 - shared analysis helper
+            return HOST
+        return None
+
+    def _attribute(self, node: cst.Attribute, depth: int, before: int | None) -> str | None:
+        attr = node.attr.value
+        if attr in _NON_TENSOR_ATTRS:
+            return NONTENSOR
+        if attr in _PACKED_HOST_FIELDS:
+            return HOST
+        if attr in _SAME_PLACE_ATTRS:
+            return self.of(node.value, depth + 1, before)
+        if isinstance(node.value, cst.Name) and node.value.value == "self":
+            info = self.a.enclosing_class(self.ctx.ancestors)
+            bindings = info.attrs.get(attr, []) if info else []
+            kinds = [self.of(b.value, depth + 1, b.order) if b.kind is BindingKind.ASSIGN else None for b in bindings]
+            if not kinds or None in kinds:
+                return None
+            kind = combine_alternatives(kinds)
+            # plain tensor attributes do not move with `module.to(...)`; parameters and buffers do
+            return kind
+        return None
+
+    def _call(self, node: cst.Call, depth: int, before: int | None) -> str | None:
+        qual = self.ctx.qualname(node.func) or ""
+        name = method_name(node)
+        if isinstance(node.func, cst.Name) and not qual:
+            if node.func.value in _BUILTIN_NON_TENSOR and not self.a.bindings_of(node.func.value, self.ctx.ancestors):
+                return NONTENSOR
+        if qual.startswith(("numpy.", "np.", "math.", "random.")) or qual in ("numpy", "math"):
+            return NONTENSOR
+        if qual == "typing.cast" and len(node.args) == 2:
+            return self.of(node.args[1].value, depth + 1, before)
+        if qual in _VARIABLE and node.args:  # the legacy wrapper returns its tensor
+            return self.of(node.args[0].value, depth + 1, before)
+        if qual.startswith("torch."):
+            return self._torch_call(node, qual, depth, before)
+        if name is not None and isinstance(node.func, cst.Attribute):
+            return self._method(node, name, depth, before)
+        # a call of a module instance: `model(x)`, `self.encoder(x)`, `criterion(out, y)`
+        if self.ev.is_module(node.func):
+            return self._module_call(node, depth, before)
+        # an unknown callable named like a model: its outputs are tensors (proof by use), on the device when it is
+        # called with a device tensor (`model(x_cuda)`)
+        if _MODEL_NAME.search(last_name(node.func) or ""):
+            kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            if DEVICE in kinds:
+                return DEVICE
+            if kinds and all(kind in (TENSOR, DEVICE) or kind is None for kind in kinds) and self.ev.is_tensor(
+                    node.args[0].value) is not False:
+                return TENSOR
+        return None
+
+    def _torch_call(self, node: cst.Call, qual: str, depth: int, before: int | None) -> str | None:
+        last = qual.rsplit(".", 1)[-1]
+        parts = qual.split(".")
+        if qual == "torch.nn.Parameter" or qual == "torch.nn.parameter.Parameter":
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            return DEVICE if inner == DEVICE else TENSOR  # parameters move with their module
+        if last in _TORCH_NON_TENSOR_FUNCS or parts[1] in ("cuda", "backends", "distributed", "utils", "nn") \
+                and not qual.startswith("torch.nn.functional."):
+            return None
+        device_arg = call_arg(node, "device")
+        if last in _HOST_CONSTRUCTORS:
+            return HOST
+        if last in ("tensor", "as_tensor", "asarray"):
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            if inner in (DEVICE, TENSOR):
+                return inner
+            return HOST if inner in (HOST, NONTENSOR) or last == "tensor" else None
+        if last in _FACTORIES and len(parts) == 2:
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            return TENSOR if self.default_device else HOST
+        if last in _LIKE_FACTORIES:
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
+            return inner if inner in (DEVICE, HOST) else TENSOR
+        if len(parts) == 2 and last[:1].islower() or qual.startswith(
+                ("torch.nn.functional.", "torch.linalg.", "torch.special.", "torch.fft.")):
+            if device_arg is not None:
+                return self.device_kind(device_arg.value) or TENSOR
+            kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            kinds += [self.of(el.value, depth + 1, before) for arg in node.args if isinstance(arg.value, (cst.List, cst.Tuple))
+                      for el in arg.value.elements if not isinstance(el, cst.StarredElement)]
+            kind = combine_operands(k for k in kinds if k != NONTENSOR)
+            return kind if kind in (DEVICE, HOST) else TENSOR
+        return None
+
+    def _method(self, node: cst.Call, name: str, depth: int, before: int | None) -> str | None:
+        assert isinstance(node.func, cst.Attribute)
+        receiver = node.func.value
+        if name in _NON_TENSOR_METHODS:
+            if name == "numpy" or name in ("item", "tolist"):
+                return NONTENSOR
+            return NONTENSOR if self.of(receiver, depth + 1, before) in (DEVICE, TENSOR, HOST) else None
+        if name in _HOST_METHODS:
+            return HOST if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
+        if name == "cuda":
+            return DEVICE if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
+        if name == "to":
+            inner = self.of(receiver, depth + 1, before)
+            if inner not in (HOST, DEVICE, TENSOR):
+                return None  # modules and unknown objects have `.to` too
+            target = self.target_of_to(node)
+            if target == TENSOR:  # a cast
+                return inner if inner in (DEVICE, HOST, TENSOR) else TENSOR
+            if target in (DEVICE, HOST):
+                return target
+            return TENSOR if inner in (DEVICE, HOST, TENSOR) else None
+        if name in _FILL_METHODS:
+            inner = self.of(receiver, depth + 1, before)
+            return inner if inner in (HOST, DEVICE, TENSOR) else None
+        if name in _TENSOR_METHODS:
+            inner = self.of(receiver, depth + 1, before)
+            if inner == NONTENSOR:
+                return NONTENSOR if name in _NUMPY_SHARED else None
+            kinds = [inner] + [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+            kind = combine_operands(k for k in kinds if k != NONTENSOR)
+            if kind is None and inner is None and (name in _NUMPY_SHARED or name in _MODULE_SHARED):
+                return None
+            return kind or TENSOR
+        return None
+
+    def _module_call(self, node: cst.Call, depth: int, before: int | None) -> str | None:
+        kinds = [self.of(arg.value, depth + 1, before) for arg in node.args if not arg.star]
+        kind = combine_operands(k for k in kinds if k != NONTENSOR)
+        if kind in (DEVICE, HOST):
+            return kind
+        moved = self.module_moves(node.func)
+        if moved == {HOST}:
+            return HOST
+        if DEVICE in moved:
+            return DEVICE
+        return TENSOR
+
+    def module_moves(self, module: cst.BaseExpression) -> set[str]:
+        """Targets of the moves of a module (`m.to(D)`, `m.cuda()`, `m.cpu()`, `m = X().to(D)`) in the file."""
+        target = dotted_name(module)
+        if target is None:
+            return set()
+        found: set[str] = set()
+        for call in calls_of(self.a.module):
+            name = method_name(call)
+            if name not in ("to", "cuda", "cpu") or not isinstance(call.func, cst.Attribute):
+                continue
+            if _root_of_chain(call.func.value) != target:
+                continue
+            if name == "cuda":
+                found.add(DEVICE)
+            elif name == "cpu":
+                found.add(HOST)
+            else:
+                kind = self.target_of_to(call)
+                if kind in (DEVICE, HOST):
+                    found.add(kind)
+        # `model = Net().to(device)` style bindings
+        if isinstance(module, cst.Name):
+            for binding in self.a.bindings_of(module.value, self.ctx.ancestors):
+                if binding.kind is BindingKind.ASSIGN and isinstance(binding.value, cst.Call):
+                    call = binding.value
+                    while isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+                        if method_name(call) == "cuda":
+                            found.add(DEVICE)
+                        elif method_name(call) == "cpu":
+                            found.add(HOST)
+                        elif method_name(call) == "to":
+                            kind = self.target_of_to(call)
+                            if kind in (DEVICE, HOST):
+                                found.add(kind)
+                        call = call.func.value
+        return found
+
+    def _is_container(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, (cst.List, cst.Dict, cst.Tuple, cst.ListComp, cst.DictComp)):
+            return True
+        if isinstance(node, cst.Name):
+            for binding in self.a.bindings_of(node.value, self.ctx.ancestors):
+                value = binding.value
+                if binding.kind is BindingKind.ASSIGN and (
+                        isinstance(value, (cst.List, cst.Dict, cst.Tuple, cst.ListComp, cst.DictComp))
+                        or isinstance(value, cst.Call) and (dotted_name(value.func) or "") in _CONTAINER_CALLS):
+                    return True
+        return False
+
+    def _module_like(self, bindings: list) -> bool:
+        """Bound to a network (modules also have `.cpu()` / `.to()`): `copy.deepcopy(ema).eval()`, `Net()`."""
+        for binding in bindings:
+            value = binding.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+                    and method_name(value) in ("eval", "train", "requires_grad_", "to", "cuda", "cpu", "float"):
+                if method_name(value) in ("eval", "train", "requires_grad_"):
+                    return True
+                value = value.func.value
+            if value is not None and self.ev.is_module(value):
+                return True
+        return False
+
+    def _backward_called_on(self, name: str) -> bool:
+        """Is `name` a tensor by how its function uses it? It is `.backward()`-ed, summed into a value that is
+        (`total = p_loss + c * v_loss; total.backward()`), or receives a method only tensors have (`.detach()`,
+        `.cpu()`, `.unsqueeze(...)`)."""
+        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.a.module)
+        return name in tensors_by_use(function)
+
+
+_TENSORS_BY_USE: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
+# methods numpy arrays, Python numbers and containers do not have
+_TENSOR_ONLY_USES = frozenset({"backward", "detach", "cpu", "cuda", "to", "unsqueeze", "masked_fill", "masked_fill_",
+                               "softmax", "log_softmax", "expand_as", "view_as", "type_as", "new_zeros", "new_ones",
+                               "new_full", "new_empty", "pin_memory", "detach_", "requires_grad_", "register_hook",
+                               "numel", "dim", "is_contiguous", "contiguous", "element_size", "data_ptr"})
+
+
+def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
+    """Names a function proves to be tensors by using them: a tensor-only method is called on them, or they are
+    `.backward()`-ed, directly or through a value computed from them in the same function."""
+    cached = _TENSORS_BY_USE.get(id(function))
+    if cached is not None and cached[0] is function:
+        return cached[1]
+    proven: set[str] = set()
+    backward: set[str] = set()
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(function):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_ONLY_USES:
+            proven.add(node.func.value.value)
+            if node.func.attr.value == "backward":
+                backward.add(node.func.value.value)
+        elif isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            assigned.setdefault(node.targets[0].target.value, []).append(node.value)
+    for name in backward:  # `total = p_loss + c * v_loss`: the operands of a loss are tensors too
+        for value in assigned.get(name, ()):
+            leaves: list[cst.BaseExpression] = []
+            _leaf_operands(value, leaves)
+            proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
+    if len(_TENSORS_BY_USE) > 4096:
+        _TENSORS_BY_USE.clear()
+    _TENSORS_BY_USE[id(function)] = (function, frozenset(proven))
+    return frozenset(proven)
+
+
+def _leaf_operands(node: cst.BaseExpression | None, out: list[cst.BaseExpression]) -> None:
+    """Operands of comparisons, arithmetic and boolean operators (the values they combine)."""
+    if node is None:
+        return
+    if isinstance(node, cst.Comparison):
+        _leaf_operands(node.left, out)
+        for comparison in node.comparisons:
+            _leaf_operands(comparison.comparator, out)
+    elif isinstance(node, (cst.BinaryOperation, cst.BooleanOperation)):
+        _leaf_operands(node.left, out)
+        _leaf_operands(node.right, out)
+    elif isinstance(node, cst.UnaryOperation):
+        _leaf_operands(node.expression, out)
+    else:
+        out.append(node)
+
+
+def _is_plain_value(node: cst.BaseExpression) -> bool:
+    """A hyperparameter-like value: `self.p`, `p`, `cfg.prob` (a name or attribute chain, not a call)."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
+
+
+_DEFAULT_DEVICE_CACHE: dict[int, tuple[object, bool]] = {}
+
+
+def _program_sets_default_device(ctx: RuleContext) -> bool:
+    """`torch.set_default_device(...)` anywhere in the program makes bare factories device tensors."""
+    cached = _DEFAULT_DEVICE_CACHE.get(id(ctx.program))
+    if cached is not None and cached[0] is ctx.program:
+        return cached[1]
+    found = bool(ctx.program.search(r"set_default_device\("))
+    if len(_DEFAULT_DEVICE_CACHE) > 16:
+        _DEFAULT_DEVICE_CACHE.clear()
+    _DEFAULT_DEVICE_CACHE[id(ctx.program)] = (ctx.program, found)
+    return found
+
+
+_CALL_CACHE: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
+
+
+def calls_of(root: cst.CSTNode) -> list[cst.Call]:
+    cached = _CALL_CACHE.get(id(root))
+    if cached is not None and cached[0] is root:
+        return cached[1]
+    calls = [n for n in walk(root, into_functions=True) if isinstance(n, cst.Call)]
+    if len(_CALL_CACHE) > 64:
+        _CALL_CACHE.clear()
+    _CALL_CACHE[id(root)] = (root, calls)
+    return calls
+
+
+def _root_of_chain(node: cst.BaseExpression) -> str | None:
+    """`model` for `model`, `model.to(x)`, `model.cuda().float()`; dotted names kept (`self.net`)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        node = node.func.value
+    return dotted_name(node)
+
+
+def last_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript):
+        return last_name(node.value)
+    return None
+
+
+def amortised(ctx: RuleContext) -> bool:
+    """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
+    region (or the function) that contains it? Such code runs once every N steps."""
+    ancestors = ctx.ancestors
+    hot = ctx.analysis.hot
+    for index in range(len(ancestors) - 2, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
+            return False
+        if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
+            if any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
+                   and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+                   for n in walk(node.test)):
+                return True
+    return False
+
+
+def after_init_once_guard(ctx: RuleContext) -> bool:
+    """Below `if self.initted: return` at the top of a function that sets `self.initted` itself (lazy
+    initialisation: `self.initted = ...`, `self.initted.fill_(...)`, `self.initted.data.copy_(...)`): that code
+    runs once per training run, not per step."""
+    fn = ctx.enclosing(cst.FunctionDef)
+    if not isinstance(fn, cst.FunctionDef) or not isinstance(fn.body, cst.IndentedBlock) or not fn.body.body:
+        return False
+    guard = fn.body.body[0]
+    if not isinstance(guard, cst.If) or guard.orelse is not None or not isinstance(guard.body, cst.IndentedBlock) \
+            or not all(isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Return) for x in s.body)
+                       for s in guard.body.body):
+        return False
+    flag = dotted_name(guard.test)
+    if flag is None or not flag.startswith("self.") or any(n is guard for n in ctx.ancestors):
+        return False
+    for node in walk(fn.body):
+        if isinstance(node, cst.AssignTarget) and dotted_name(node.target) == flag:
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in ("copy_", "fill_", "zero_") \
+                and (dotted_name(node.func.value) or "").removesuffix(".data") == flag:
+            return True
+    return False
+
+
+_EXIT_CALLS = {"sys.exit", "os._exit", "os.abort"}
+_EXIT_BUILTINS = {"exit", "quit"}
+_ASSERT_CALLS = {"torch._assert"}
+
+
+def _always_false(test: cst.BaseExpression) -> bool:
+    """A literal false condition: `False`, `0`, `None`, `""`."""
+    if isinstance(test, cst.Name):
+        return test.value in ("False", "None")
+    if isinstance(test, cst.Integer):
+        return test.evaluated_value == 0
+    if isinstance(test, cst.SimpleString):
+        return test.evaluated_value == ""
+    return False
+
+
+def _terminates(ctx: RuleContext, block: cst.BaseSuite) -> bool:
+    """Does this block always end by raising or exiting the process (`raise ...`, `sys.exit(1)`, `os._exit`,
+    `assert False`, `torch._assert(False, msg)`)?"""
+    body = list(block.body)
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        small = last.body[-1] if last.body else None
+        if isinstance(small, cst.Raise):
+            return True
+        if isinstance(small, cst.Assert):  # `assert False, msg` / `assert 0`
+            return _always_false(small.test)
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if ctx.qualname(func) in _EXIT_CALLS:
+                return True
+            if ctx.qualname(func) in _ASSERT_CALLS:  # `torch._assert(False, msg)`
+                condition = call_arg(small.value, "condition", 0)
+                return condition is not None and _always_false(condition.value)
+            return isinstance(func, cst.Name) and func.value in _EXIT_BUILTINS \
+                and not ctx.analysis.bindings_of(func.value, ctx.ancestors)
+        return False
+    if isinstance(last, cst.If):  # `if a: raise X` / `else: raise Y`: every branch must end the run
+        branch: cst.If | cst.Else | None = last
+        while isinstance(branch, cst.If):
+            if not _terminates(ctx, branch.body):
+                return False
+            branch = branch.orelse
+        return isinstance(branch, cst.Else) and _terminates(ctx, branch.body)
+    return False
+
+
+def on_error_path(ctx: RuleContext) -> bool:
+    """Is the current node part of a `raise` statement, or inside an `if`/`elif`/`else` branch that always ends in
+    `raise` / `sys.exit()` / `exit()` / `os._exit()` / `assert False` / `torch._assert(False, ...)` (the branch's
+    body, not its test)? That code runs once, when
+    the run fails, not every step."""
+    ancestors = ctx.ancestors
+    for index in range(len(ancestors) - 2, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.Raise):
+            return True
+        if isinstance(node, (cst.If, cst.Else)) and ancestors[index + 1] is node.body \
+                and _terminates(ctx, node.body):
+            return True
+    return False
+
+
+_COLLECTIVES = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce",
+                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "gather", "scatter",
+                "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv"}
+_READ_BACK_METHODS = {"item", "tolist", "cpu"}
+_READ_BACK_BUILTINS = {"bool", "int", "float"}
+_SHAPE_ONLY = {"torch.zeros_like", "torch.empty_like", "torch.ones_like"}
+_SCOPE_INDEX: dict[int, tuple[cst.CSTNode, dict[int, cst.CSTNode], dict[str, list[cst.Name]]]] = {}
+
+
+def _scope_index(root: cst.CSTNode) -> tuple[dict[int, cst.CSTNode], dict[str, list[cst.Name]]]:
+    """Parents of the nodes of a scope (not descending into nested defs) and its `Name` nodes by value."""
+    cached = _SCOPE_INDEX.get(id(root))
+    if cached is not None and cached[0] is root:
+        return cached[1], cached[2]
+    parents: dict[int, cst.CSTNode] = {}
+    names: dict[str, list[cst.Name]] = {}
+    stack: list[cst.CSTNode] = [root]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            names.setdefault(current.value, []).append(current)
+        if current is not root and isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        for child in child_nodes(current):
+            parents[id(child)] = current
+            stack.append(child)
+    if len(_SCOPE_INDEX) > 16:
+        _SCOPE_INDEX.clear()
+    _SCOPE_INDEX[id(root)] = (root, parents, names)
+    return parents, names
+
+
+def _allowed_use(ctx: RuleContext, name: cst.Name, parents: dict[int, cst.CSTNode]) -> bool:
+    """An occurrence of the name that is a (re)binding, an argument of a torch.distributed collective, a
+    shape-only use (`torch.zeros_like(t)`), or reading the value back to the host (`t.item()`, `t[0].tolist()`,
+    `bool(t)`)."""
+    parent = parents.get(id(name))
+    if isinstance(parent, (cst.AssignTarget, cst.AnnAssign)) and parent.target is name:
+        return True
+    if isinstance(parent, cst.Del):
+        return True
+    if isinstance(parent, cst.Arg) and parent.value is name:
+        call = parents.get(id(parent))
+        if isinstance(call, cst.Call):
+            qual = ctx.qualname(call.func) or ""
+            if qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in _COLLECTIVES:
+                return True
+            if qual in _SHAPE_ONLY:
+                return True
+    node: cst.CSTNode = name
+    while isinstance(parents.get(id(node)), cst.Subscript) and parents[id(node)].value is node:  # type: ignore
+        node = parents[id(node)]
+    parent = parents.get(id(node))
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _READ_BACK_METHODS:
+        call = parents.get(id(parent))
+        return isinstance(call, cst.Call) and call.func is parent and not call.args
+    if isinstance(parent, cst.Arg) and parent.value is node:
+        call = parents.get(id(parent))
+        return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) \
+            and call.func.value in _READ_BACK_BUILTINS and len(call.args) == 1
+    return False
+
+
+def collective_only(ctx: RuleContext, name: str) -> bool:
+    """Is every use of `name` in its scope a torch.distributed collective or a read-back to the host? Such a
+    tensor carries a host value to the other ranks (`t = torch.tensor(flag, device=d)`,
+    `dist.all_reduce(t)`, `flag = bool(t.item())`): NCCL needs it on the device and the result is needed on the
+    host, so neither the copy nor the read-back can be avoided."""
+    scope_node = None
+    for scope in ctx.analysis.scope_chain(ctx.ancestors):
+        if name in scope.globals_:
+            continue
+        if name in scope.bindings:
+            scope_node = scope.node
+            break
+    if scope_node is None:
+        return False
+    parents, names = _scope_index(scope_node)
+    found_collective = False
+    for occurrence in names.get(name, []):
+        if not _allowed_use(ctx, occurrence, parents):
+            return False
+        parent = parents.get(id(occurrence))
+        if isinstance(parent, cst.Arg):
+            qual = ctx.qualname(parents[id(parent)].func) or ""  # type: ignore[union-attr]
+            found_collective = found_collective or qual.startswith("torch.distributed.")
+    return found_collective

@@ -1,0 +1,115 @@
+"""The semantic layer on its own: how often functions run across files, which loops are hot, values proven by use.
+
+Programs under tests/data/semantic/<program>/ state their expectations in comments: `# frequency: per-step` on a
+`def` line (the call graph's verdict for that function; `once` when no caller repeats it) and `# hot: rollout`
+on a loop line (the hot-region kind the per-file analysis gives the loop; `none` when it is not hot)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from gpulint.analysis import HotKind, analyze
+from gpulint.engine import ProgramFacts, node_positions
+from gpulint.semantic.callgraph import CallGraph, Frequency
+
+PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
+_EXPECT = re.compile(r"#\s*(frequency|hot):\s*([\w-]+)")
+
+
+def _sources(program: Path) -> dict[str, str]:
+    return {path.relative_to(program).as_posix(): path.read_text() for path in sorted(program.glob("*.py"))}
+
+
+def _function_keys(text: str) -> dict[int, str]:
+    """line of each `def` -> the call graph's key for it ("Class.method", "outer.inner")."""
+    keys: dict[int, str] = {}
+
+    def visit(node: ast.AST, owner: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.ClassDef)):
+                name = (*owner, child.name)
+                if isinstance(child, ast.FunctionDef):
+                    keys[child.lineno] = ".".join(name)
+                visit(child, name)
+            else:
+                visit(child, owner)
+
+    visit(ast.parse(text), ())
+    return keys
+
+
+def _expectations(kind: str) -> list[tuple[Path, str, int, str]]:
+    found = []
+    for program in PROGRAMS:
+        for path, text in _sources(program).items():
+            for number, line in enumerate(text.splitlines(), 1):
+                match = _EXPECT.search(line)
+                if match and match.group(1) == kind:
+                    found.append((program, path, number, match.group(2)))
+    return found
+
+
+@pytest.mark.parametrize("program, path, line, expected", _expectations("frequency"),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_function_frequency(program: Path, path: str, line: int, expected: str) -> None:
+    sources = _sources(program)
+    graph = CallGraph(sources)
+    key = _function_keys(sources[path])[line]
+    found = graph.frequency.get((path, key), Frequency.ONCE)
+    assert found.name.lower().replace("_", "-") == expected, f"{path}:{line} {key}"
+
+
+@pytest.mark.parametrize("program, path, line, expected", _expectations("hot"),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_loop_hotness(program: Path, path: str, line: int, expected: str) -> None:
+    sources = _sources(program)
+    program_facts = ProgramFacts(sources=sources)
+    module = cst.parse_module(sources[path])
+    analysis = analyze(module, None, program_facts.calls_for(path))
+    positions = node_positions(module)
+    loops = [node for node in _walk(module) if isinstance(node, (cst.For, cst.While))
+             and positions[id(node)][0] == line]
+    assert loops, f"no loop on {path}:{line}"
+    kind = analysis.hot.get(id(loops[0]))
+    assert (kind.value if kind else "none") == expected, f"{path}:{line}"
+
+
+def _walk(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk(child)
+
+
+def test_every_program_has_expectations() -> None:
+    for program in PROGRAMS:
+        assert any(_EXPECT.search(text) for text in _sources(program).values()), program
+
+
+def test_call_graph_ignores_files_that_do_not_parse() -> None:
+    graph = CallGraph({"broken.py": "def f(:\n", "ok.py": "def g():\n    for x in loader:\n        h(x)\n"})
+    assert "broken.py" not in graph.files and "ok.py" in graph.files
+
+
+def test_recursion_terminates() -> None:
+    text = ("def a(x):\n    return b(x)\n\ndef b(x):\n    return a(x)\n\n"
+            "for batch in loader:\n    loss = a(batch)\n    loss.backward()\n    optimizer.step()\n")
+    graph = CallGraph({"r.py": text})
+    assert graph.frequency[("r.py", "a")] is Frequency.PER_STEP
+    assert graph.frequency[("r.py", "b")] is Frequency.PER_STEP
+
+
+def test_tensor_proven_by_use() -> None:
+    from gpulint.semantic.placement import tensors_by_use
+    module = cst.parse_module("def f(p_loss, v_loss, c, x):\n    total = p_loss + c * v_loss\n    total.backward()\n"
+                              "    y = x.detach()\n")
+    function = module.body[0]
+    assert {"p_loss", "v_loss", "total", "x"} <= tensors_by_use(function)
+
+
+def test_rollout_loop_kind_is_hot_kind() -> None:
+    assert HotKind.ROLLOUT.value == "rollout" and HotKind.CALLEE.value == "called-per-step"
