@@ -368,7 +368,7 @@ def _lint(args: argparse.Namespace) -> int:
             result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
                          respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
                          options_for=file_options, progress=advance, cache_dir=_cache_dir(args, cwd_settings),
-                         jobs=args.jobs)
+                         jobs=args.jobs, isolate=True)
     for report in result.files:  # a cached finding carries the path it was shown with when it was stored
         report.diagnostics = [d if d.path == report.path else dataclasses.replace(d, path=report.path)
                               for d in report.diagnostics]
@@ -405,7 +405,7 @@ def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy",
     rewrite; every rule with fixes has its micro-check run (cached per torch version). A site that differs is
     not fixed; a rule whose check fails has its fixes demoted to suggestions. Returns the unwritten fix run."""
     dry = run(paths, rules, fix=True, write=False, min_safety=Safety.UNSAFE, respect_gitignore=False,
-              can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs)
+              can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs, isolate=True)
     checked = {rule.code for rule in rules if rule.micro_check is not None}  # meta codes (GPU902) have no check
     codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed} & checked)
     if not codes:

@@ -177,14 +177,17 @@ def _python_syntax_error(text: str, path: str) -> SyntaxError | None:
     except SyntaxError as error:
         return error
     except (RecursionError, MemoryError) as error:
-        rejected = SyntaxError(f"{error or 'too complex'} (Python's parser rejects this file: too deeply nested "
-                               f"or too complex)")
+        detail = str(error) or "the parser ran out of memory"
+        rejected = SyntaxError(f"{detail} (Python's parser rejects this file: too deeply nested or too complex)")
         rejected.lineno, rejected.offset = 1, 1
         rejected.gpulint_kind = type(error).__name__  # type: ignore[attr-defined]
         return rejected
     except ValueError:
         return None
     return None
+
+
+python_syntax_error = _python_syntax_error
 
 
 class _Dispatcher:
@@ -263,7 +266,14 @@ def lint_text(
         try:
             module = parse(text)
         except cst.ParserSyntaxError as error:
-            return LintResult(path, [syntax_error_diagnostic(path, _python_syntax_error(text, path) or error)])
+            python_error = _python_syntax_error(text, path)
+            if python_error is None:  # valid Python that libcst cannot read: not a syntax error of the user's
+                start = Position(1, 1)
+                message = " ".join(f"gpulint's parser (libcst) cannot read this file although Python accepts it "
+                                   f"({error.message}); not checked".split())
+                return LintResult(path, [Diagnostic(path, start, start, "GPU901", META_CODES["GPU901"], message,
+                                                    Severity.ERROR)])
+            return LintResult(path, [syntax_error_diagnostic(path, python_error)])
         except SyntaxError as error:  # rejected by CPython before libcst was asked (the parse guard)
             return LintResult(path, [syntax_error_diagnostic(path, error)])
         except TooComplex as error:

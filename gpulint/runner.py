@@ -8,8 +8,13 @@ import multiprocessing
 import os
 import pickle
 import re
+import selectors
+import signal
 import sys
+import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -18,7 +23,7 @@ from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover, find_project_root
-from gpulint.engine import ProgramFacts, RuleCrash, lint_text
+from gpulint.engine import ProgramFacts, RuleCrash, lint_text, python_syntax_error, syntax_error_diagnostic
 from gpulint.fixer import FixOutcome, fix_text
 from gpulint.program import imported_files
 from gpulint.registry import META_CODES, rule_by_code
@@ -37,6 +42,7 @@ class FileReport:
     original: str | None = None  # text as read (code frames, diffs)
     written: bool = False
     error: str | None = None  # one-line problem with this file (fix not written, ...)
+    cacheable: bool = True  # False for a file not checked this time (crash, time limit): never cached
 
 
 @dataclass
@@ -107,6 +113,8 @@ def _imported_context(sources: Sequence[tuple[str, SourceFile]]) -> list[tuple[s
                     read = read_source(found)
                 except SourceError:
                     continue  # context only: a file the run cannot read is simply not consulted
+                if _size_problem(read.raw) is not None:
+                    continue
                 following.append((display_path(found), read))
         context.extend(following)
         frontier = following
@@ -120,6 +128,30 @@ def _always(diagnostic: Diagnostic) -> bool:
 def _io_error(path: str, message: str) -> Diagnostic:
     start = Position(1, 1)
     return Diagnostic(path, start, start, "GPU901", META_CODES["GPU901"], message, Severity.ERROR)
+
+
+MAX_FILE_SIZE = 5 * 1024 * 1024  # bytes; larger files are not checked (env GPULINT_MAX_FILE_SIZE)
+FILE_TIME_LIMIT = 300.0  # seconds of work on one file before it is given up (env GPULINT_FILE_TIMEOUT)
+
+
+def _limit(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def _size_problem(raw: bytes) -> str | None:
+    limit = int(_limit("GPULINT_MAX_FILE_SIZE", MAX_FILE_SIZE))
+    if len(raw) <= limit:
+        return None
+    return (f"file is {_megabytes(len(raw))}, over gpulint's limit of {_megabytes(limit)} per file "
+            f"(GPULINT_MAX_FILE_SIZE); not checked")
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1024 / 1024:.1f} MB" if size >= 100 * 1024 else f"{size} bytes"
 
 
 def run(
@@ -138,6 +170,7 @@ def run(
     progress: Callable[[str], None] | None = None,  # called after each file (progress bar)
     cache_dir: Path | None = None,  # `check` results cache; None disables it
     jobs: int | None = None,  # worker processes; None: automatic
+    isolate: bool = False,  # lint each file in a forked worker that may crash or time out alone (the CLI's way)
 ) -> RunResult:
     kwargs = {"excludes": excludes} if excludes is not None else {}
     files, problems = discover(paths, respect_gitignore=respect_gitignore, **kwargs)
@@ -146,9 +179,15 @@ def run(
     for path in files:
         shown = display_path(path)
         try:
-            sources.append((shown, read_source(path)))
+            source = read_source(path)
         except SourceError as error:
             reports.append(FileReport(shown, [_io_error(shown, str(error))]))
+            continue
+        too_large = _size_problem(source.raw)
+        if too_large is not None:
+            reports.append(FileReport(shown, [_io_error(shown, too_large)], cacheable=False))
+            continue
+        sources.append((shown, source))
     program_files = [*sources, *_imported_context(sources)]
     program = program_facts(program_files)
     tasks = [_Task(shown, source, tuple(r.code for r in (file_filter(source.path) if file_filter else rules)),
@@ -168,12 +207,14 @@ def run(
             if progress:
                 progress(task.shown)
     errors: list[str] = []
-    for task, outcome, searched in _execute_all(pending, program, settings, jobs):
+    for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate):
         if isinstance(outcome, str):
             errors.append(outcome)
         else:
             reports.append(outcome)
-            if cache is not None:
+            if write:  # only this process writes: a worker never writes, so none can after gpulint is gone
+                _write(outcome, task.source)
+            if cache is not None and outcome.cacheable:
                 cache.put(_file_key(task), content_hash(task.source.raw), facts_key,
                           program_key if searched else None, outcome.diagnostics)
         if progress:
@@ -231,47 +272,293 @@ def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settin
     collecting = gc.isenabled()
     gc.disable()
     try:
-        report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.write,
-                           settings.min_safety, task.options, settings.can_fix)
+        report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.min_safety,
+                           task.options, settings.can_fix)
     except RuleCrash as crash:
         return task, str(crash), False
+    except RecursionError:
+        return task, _not_checked(task, "too deeply nested for gpulint's analysis (RecursionError); not checked"), False
+    except Exception as error:  # noqa: BLE001 - a gpulint bug on one file: that file's error, the run goes on
+        return task, f"{task.shown}: internal error: {type(error).__name__}: {' '.join(str(error).split())}", False
     finally:
         if collecting:
             gc.enable()
     return task, report, program.searched
 
 
-def _worker_count(jobs: int | None, pending: int, settings: _Settings) -> int:
+def _worker_count(jobs: int | None, pending: int, settings: _Settings, forked: bool = False) -> int:
     if jobs is not None:
         return max(1, jobs)
     if os.environ.get("PRE_COMMIT") or pending < _PARALLEL_THRESHOLD:
         return 1  # pre-commit already runs hooks in parallel: no nested pools
-    try:
-        pickle.dumps(settings)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return 1  # a per-run callback (e.g. from a test) cannot travel to workers
+    if not forked:
+        try:
+            pickle.dumps(settings)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            return 1  # a per-run callback (e.g. from a test) cannot travel to workers
     return min(os.cpu_count() or 1, 8)
 
 
 _PARALLEL_THRESHOLD = 40
 
 
-def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, jobs: int | None
-                 ) -> Iterator[tuple[_Task, FileReport | str, bool]]:
-    workers = _worker_count(jobs, len(tasks), settings)
+def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, jobs: int | None,
+                 isolate: bool = False) -> Iterator[tuple[_Task, FileReport | str, bool]]:
+    if not tasks:
+        return
+    workers = _worker_count(jobs, len(tasks), settings, isolate)
+    if isolate and _CAN_FORK and os.environ.get("GPULINT_NO_ISOLATION", "") in ("", "0"):
+        yield from _Isolated(tasks, program, settings, min(workers, len(tasks))).results()
+        return
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             yield _execute(task, program, settings)
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(program, settings)) as pool:
-        yield from pool.map(_execute, tasks, chunksize=max(1, len(tasks) // (workers * 8)))
+    done: set[int] = set()
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(program, settings)) as pool:
+            for index, result in enumerate(pool.map(_execute, tasks, chunksize=max(1, len(tasks) // (workers * 8)))):
+                done.add(index)
+                yield result
+    except BrokenProcessPool:
+        for index, task in enumerate(tasks):
+            if index not in done:
+                yield task, _not_checked(task, "a worker process died while checking this file or one beside it; "
+                                               "not checked"), False
+
+
+def _not_checked(task: _Task, message: str) -> FileReport:
+    return FileReport(task.shown, [_io_error(task.shown, message)], original=task.source.text, cacheable=False)
+
+
+# -- isolation: each file's work runs in a forked worker process ----------------------------------------------
+#
+# libcst's native parser can crash the whole process (a stack overflow on deep input), and some inputs take
+# very long. Every file is therefore linted in a forked child: a child that dies takes only its current file
+# with it (reported as that file's GPU900/GPU901, the run goes on in a new child), a file that runs past the
+# time limit is given up the same way, and children die with their parent (PR_SET_PDEATHSIG, and EOF on their
+# task pipe). Children never write files: fixes are written by this process as results arrive.
+
+_CAN_FORK = sys.platform == "linux" and hasattr(os, "fork")
+_FRAME = 8  # bytes of a result frame's length prefix
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (best effort; a no-op elsewhere)."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _Worker:
+    def __init__(self, pool: "_Isolated") -> None:
+        task_read, task_write = os.pipe()
+        result_read, result_write = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            status = 0
+            try:
+                os.close(task_write)
+                os.close(result_read)
+                for fd in pool.parent_fds:  # siblings' pipe ends: a child must not keep them open
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                die_with_parent()
+                if os.getppid() == parent:
+                    _worker_loop(task_read, result_write, pool.tasks, pool.program, pool.settings)
+            except BaseException:  # noqa: BLE001 - a child never unwinds into the parent's code
+                status = 1
+            finally:
+                os._exit(status)
+        os.close(task_read)
+        os.close(result_write)
+        self.pid = pid
+        self.tasks_fd = task_write
+        self.results_fd = result_read
+        self.current: int | None = None
+        self.started = 0.0
+        self.buffer = bytearray()
+        pool.parent_fds.update((task_write, result_read))
+
+
+def _worker_loop(task_fd: int, result_fd: int, tasks: Sequence[_Task], program: ProgramFacts,
+                 settings: _Settings) -> None:
+    while True:
+        header = _read_exactly(task_fd, 4)
+        if header is None:  # the parent closed the pipe (done) or died
+            return
+        index = int.from_bytes(header, "big")
+        _, outcome, searched = _execute(tasks[index], program, settings)
+        try:
+            payload = pickle.dumps((index, outcome, searched), protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
+            payload = pickle.dumps((index, f"{tasks[index].shown}: internal error: result cannot be sent "
+                                           f"({type(error).__name__})", False))
+        data = len(payload).to_bytes(_FRAME, "big") + payload
+        view = memoryview(data)
+        while view:
+            written = os.write(result_fd, view)
+            view = view[written:]
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class _Isolated:
+    """Runs tasks in forked workers, one file at a time per worker, handing out the next file as one is done."""
+
+    def __init__(self, tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, workers: int) -> None:
+        self.tasks, self.program, self.settings = tasks, program, settings
+        self.workers = max(1, workers)
+        self.limit = _limit("GPULINT_FILE_TIMEOUT", FILE_TIME_LIMIT)
+        self.queue: deque[int] = deque(range(len(tasks)))
+        self.parent_fds: set[int] = set()
+        self.live: list[_Worker] = []
+        self.selector = selectors.DefaultSelector()
+
+    def _spawn(self) -> _Worker:
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        worker = _Worker(self)
+        self.live.append(worker)
+        self.selector.register(worker.results_fd, selectors.EVENT_READ, worker)
+        return worker
+
+    def _assign(self, worker: _Worker) -> bool:
+        """Give `worker` the next file; False if it is gone (its pipe broke)."""
+        if not self.queue:
+            worker.current = None
+            return True
+        index = self.queue.popleft()
+        worker.current, worker.started = index, time.monotonic()
+        try:
+            os.write(worker.tasks_fd, index.to_bytes(4, "big"))
+        except OSError:
+            return False  # it died between files: its EOF is handled like a crash (the file is re-queued there)
+        return True
+
+    def _retire(self, worker: _Worker, kill: bool) -> int:
+        """Close a worker's pipes and reap it; its exit status (negative: the signal that ended it)."""
+        if kill:
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.selector.unregister(worker.results_fd)
+        for fd in (worker.tasks_fd, worker.results_fd):
+            self.parent_fds.discard(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.live.remove(worker)
+        try:
+            _, status = os.waitpid(worker.pid, 0)
+        except ChildProcessError:
+            return 0
+        return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    def results(self) -> Iterator[tuple[_Task, FileReport | str, bool]]:
+        remaining = len(self.tasks)
+        try:
+            for _ in range(min(self.workers, remaining)):
+                self._assign(self._spawn())
+            while remaining:
+                busy = [w for w in self.live if w.current is not None]
+                now = time.monotonic()
+                wait = max(0.0, min(w.started + self.limit - now for w in busy)) if busy else None
+                for key, _ in self.selector.select(wait):
+                    worker: _Worker = key.data
+                    if worker not in self.live:
+                        continue
+                    try:
+                        chunk = os.read(worker.results_fd, 1 << 20)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:  # the worker died
+                        index = worker.current
+                        status = self._retire(worker, kill=True)
+                        if index is not None:
+                            remaining -= 1
+                            yield self.tasks[index], self._crashed(self.tasks[index], status), False
+                        if self.queue:
+                            self._assign(self._spawn())
+                        continue
+                    worker.buffer += chunk
+                    while len(worker.buffer) >= _FRAME:
+                        size = int.from_bytes(worker.buffer[:_FRAME], "big")
+                        if len(worker.buffer) < _FRAME + size:
+                            break
+                        index, outcome, searched = pickle.loads(worker.buffer[_FRAME:_FRAME + size])
+                        del worker.buffer[:_FRAME + size]
+                        remaining -= 1
+                        yield self.tasks[index], outcome, searched
+                        if not self._assign(worker):
+                            self.queue.appendleft(worker.current)  # type: ignore[arg-type]
+                            worker.current = None
+                now = time.monotonic()
+                for worker in [w for w in self.live if w.current is not None and now - w.started >= self.limit]:
+                    index = worker.current
+                    assert index is not None
+                    self._retire(worker, kill=True)
+                    remaining -= 1
+                    yield self.tasks[index], _not_checked(
+                        self.tasks[index], f"not checked: still running after {self.limit:g} s (gpulint's time "
+                                           f"limit per file, GPULINT_FILE_TIMEOUT)"), False
+                    if self.queue:
+                        self._assign(self._spawn())
+                if self.queue and not self.live:
+                    self._assign(self._spawn())
+        finally:
+            for worker in list(self.live):
+                try:
+                    os.close(worker.tasks_fd)  # EOF: an idle worker exits by itself
+                    self.parent_fds.discard(worker.tasks_fd)
+                except OSError:
+                    pass
+                worker.tasks_fd = -1
+            for worker in list(self.live):
+                self._retire(worker, kill=worker.current is not None)
+            self.selector.close()
+
+    def _crashed(self, task: _Task, status: int) -> FileReport:
+        """A worker died on this file. If CPython rejects the file too, it is reported as a syntax error."""
+        rejected = python_syntax_error(task.source.text, task.shown)
+        if rejected is not None:
+            report = FileReport(task.shown, [syntax_error_diagnostic(task.shown, rejected)], original=task.source.text,
+                                cacheable=False)
+            return report
+        how = f"signal {signal.Signals(-status).name}" if status < 0 and -status in signal.valid_signals() \
+            else f"exit status {status}"
+        return _not_checked(task, f"gpulint's parser crashed on this file ({how}); not checked. The other files "
+                                  f"were checked")
 
 
 def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], program: ProgramFacts, fix: bool,
-              write: bool, min_safety: Safety, rule_options: dict[str, dict[str, Any]] | None,
+              min_safety: Safety, rule_options: dict[str, dict[str, Any]] | None,
               can_fix: Callable[[Diagnostic], bool]) -> FileReport:
+    """Lint or fix one file; never writes (the caller writes, in the main process)."""
     if not fix:
         result = lint_text(source.text, shown, rules, program=program, rule_options=rule_options)
         return FileReport(shown, result.diagnostics, original=source.text)
@@ -280,8 +567,6 @@ def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], progr
     report = FileReport(shown, outcome.remaining, outcome, source.text, error=outcome.error)
     if not outcome.converged:
         report.error = "fixes did not converge after the maximum number of passes; last result kept"
-    if write:
-        _write(report, source)
     return report
 
 
