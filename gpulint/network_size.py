@@ -17,7 +17,7 @@ _BIG_MODEL = re.compile(r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+
 _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
     r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
-_BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size$|^bs$|^bsz$", re.I)
+_BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size$|^bs$|^bsz$|^(mini_?)?batch$", re.I)
 _LENGTH_NAME = re.compile(r"^(max_)?(seq(uence)?_?len(gth)?|block_size|bptt|n_ctx|context_len(gth)?|max_len(gth)?|"
                           r"num_steps|chunk_len|max_position_embeddings|n_positions|seq)$", re.I)
 _LAYER_ARGS = {
@@ -40,11 +40,13 @@ _TWO_SIDED = {"Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose
 SMALL_WIDTH = 256  # catalog F10: autocast made a 64-256-256 RL MLP step slower (0.80x)
 
 
-def _const_int(node: ast.AST) -> int | None:
+def _const_int(node: ast.AST, constants: dict[str, int] | None = None) -> int | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
+    if constants and isinstance(node, ast.Name):
+        return constants.get(node.id)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.FloorDiv, ast.Pow)):
-        left, right = _const_int(node.left), _const_int(node.right)
+        left, right = _const_int(node.left, constants), _const_int(node.right, constants)
         if left is None or right is None or (isinstance(node.op, ast.Pow) and right > 32):
             return None
         if isinstance(node.op, ast.FloorDiv):
@@ -105,9 +107,14 @@ def _sizes(text: str) -> _Sizes:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(
-                    target, ast.Attribute) else ""
-                _record(sized, name, node.value)
+                for element, value in _pairs(target, node.value):
+                    name = element.id if isinstance(element, ast.Name) else element.attr if isinstance(
+                        element, ast.Attribute) else ""
+                    _record(sized, name, value)
+            if isinstance(node.value, ast.Call):
+                length = _positional_table_length(node.value, constants)
+                if length is not None:
+                    sized["length"].append(length)
         elif isinstance(node, ast.arguments):
             positional = node.posonlyargs + node.args
             for arg, default in zip(positional[len(positional) - len(node.defaults):], node.defaults):
@@ -115,6 +122,34 @@ def _sizes(text: str) -> _Sizes:
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
                 _record(sized, arg.arg, default)
     return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved))
+
+
+def _pairs(target: ast.AST, value: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """`a, b = 1, 2` as (a, 1), (b, 2); a plain target with its value."""
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(value.elts) and not any(isinstance(e, ast.Starred) for e in target.elts):
+        return [pair for t, v in zip(target.elts, value.elts) for pair in _pairs(t, v)]
+    return [(target, value)]
+
+
+_FACTORIES = {"zeros", "randn", "rand", "empty", "ones", "normal", "trunc_normal_"}
+
+
+def _positional_table_length(call: ast.Call, constants: dict[str, int]) -> int | None:
+    """The sequence length a learned positional table shows: `nn.Parameter(torch.zeros(1, L, d))` (the ViT and
+    GPT idiom) gives L."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "Parameter" or isinstance(func, ast.Name)
+            and func.id == "Parameter") or not call.args:
+        return None
+    inner = call.args[0]
+    while isinstance(inner, ast.BinOp):  # torch.randn(1, L, d) * 0.02
+        inner = inner.left
+    if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr in _FACTORIES
+            and len(inner.args) == 3):
+        return None
+    first, length = (_const_int(a, constants) for a in inner.args[:2])
+    return length if first == 1 and length is not None and length > 1 else None
 
 
 def _layer_width(name: str, dims: list[int]) -> int | None:
@@ -126,21 +161,30 @@ def _layer_width(name: str, dims: list[int]) -> int | None:
 
 
 def _single_constants(tree: ast.AST) -> dict[str, int]:
-    """Names bound exactly once in the file, to an integer literal (`hidden_size = 500`, or a parameter default
-    `def __init__(self, hidden_size=500)`)."""
-    seen: dict[str, list[int | None]] = {}
+    """Names bound exactly once in the file, to an integer (`hidden_size = 500`, `CELLS = ROWS * COLS` of such
+    names, or a parameter default `def __init__(self, hidden_size=500)`)."""
+    seen: dict[str, list[ast.AST | None]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             for target in node.targets:
-                if isinstance(target, ast.Name):
-                    seen.setdefault(target.id, []).append(_const_int(node.value))
+                for element, value in _pairs(target, node.value):
+                    if isinstance(element, ast.Name):
+                        seen.setdefault(element.id, []).append(value)
         elif isinstance(node, ast.arguments):
             positional = node.posonlyargs + node.args
             defaults = [None] * (len(positional) - len(node.defaults)) + list(node.defaults)
             for arg, default in [*zip(positional, defaults), *zip(node.kwonlyargs, node.kw_defaults)]:
                 if default is not None:  # a parameter without one takes what callers pass: often the constant
-                    seen.setdefault(arg.arg, []).append(_const_int(default))
-    return {name: values[0] for name, values in seen.items() if len(values) == 1 and values[0] is not None}
+                    seen.setdefault(arg.arg, []).append(default)
+    single = {name: values[0] for name, values in seen.items() if len(values) == 1 and values[0] is not None}
+    constants: dict[str, int] = {}
+    for _ in range(3):  # names defined from names: a few rounds
+        for name, value in single.items():
+            if name not in constants:
+                number = _const_int(value, constants)
+                if number is not None:
+                    constants[name] = number
+    return constants
 
 
 def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> None:
@@ -199,3 +243,67 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
     if any(w is None or w > SMALL_WORK_WIDTH for w in widths):
         return False
     return max(batches) * max(lengths, default=1) <= SMALL_WORK_ROWS
+
+
+# Work per step: the precision rules offer TF32 / bf16 autocast where the matrix work of one kernel is large
+# enough for tensor-core math to pay for its casts and launches. Measured on an H100 (torch 2.11,
+# benchmarks/e2e/precision_sweep.py): bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100
+# (~2.5e7 multiply-adds per GEMM) and for an LSTM of hidden size 1024 at 20 rows per time step (~8e7), and
+# faster from about 2.7e8 per GEMM up (a 256-wide transformer on 4,096 rows: 4096 x 256 x 1024 = 1.1e9).
+WORK_PAYS = 1 << 28  # multiply-adds of the largest GEMM / convolution of one step
+_CONV_POSITIONS = 16 * 16  # spatial positions assumed per image when no image size is written
+_CONV_DEFAULT_WIDTH = 64
+_RNN = ("LSTM", "GRU", "RNN")
+_SEQUENCE_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer", "Transformer", "MultiheadAttention",
+                    "Embedding")
+
+
+class Work(NamedTuple):
+    """What the program shows about the work of one training step, and whether low precision pays for it."""
+
+    macs: int  # multiply-adds of the largest GEMM (or convolution) per step, as estimated
+    basis: str  # how: "22016 rows (512 x 43 tokens) x 256 x 256"
+    convolutional: bool
+
+    @property
+    def pays(self) -> bool:
+        return self.macs >= WORK_PAYS
+
+    def explain(self) -> str:
+        verdict = "enough" if self.pays else "too little"
+        return (f"estimated work per kernel: {self.basis} = {self.macs:.1e} multiply-adds, {verdict} for "
+                f"tensor-core math to pay on an H100 (threshold {WORK_PAYS:.1e}, measured)")
+
+
+def work_per_step(texts: dict[str, str]) -> Work | None:
+    """Estimate the largest GEMM/convolution of a training step from the layers and batch shapes the program
+    writes: rows (batch size x sequence length; the batch alone for recurrent layers, which run one time step
+    per kernel; batch x assumed spatial positions for convolutions) x the widths either side. None when no
+    batch size or no layer width is written (nothing to estimate from)."""
+    if any(_BIG_MODEL.search(text) for text in texts.values()):
+        return None
+    sizes = [_sizes(text) for text in texts.values()]
+    layers = [layer for size in sizes for layer in size.named_layers]
+    batches = [b for size in sizes for b in size.batches]
+    lengths = [n for size in sizes for n in size.lengths if n > 1]
+    settings = [w for size in sizes for w in size.widths]
+    if not layers or not batches:
+        return None
+    batch = max(batches)
+    convs = [w for name, w in layers if name.startswith(("Conv", "LazyConv"))]
+    if convs:
+        width = max([w for w in convs if w is not None] + settings, default=_CONV_DEFAULT_WIDTH)
+        rows = batch * _CONV_POSITIONS
+        return Work(rows * width * width * 9, f"{batch} images x {_CONV_POSITIONS} positions (assumed) x "
+                                              f"{width} x {width} channels x 3x3", True)
+    widths = [w for _, w in layers if w is not None] + settings
+    if not widths:
+        return None
+    width = max(widths)
+    names = {name for name, _ in layers}
+    if names and all(name in _RNN or name == "Embedding" for name in names) and names & set(_RNN):
+        return Work(batch * width * 4 * width, f"{batch} rows per time step x {width} x {4 * width}", False)
+    length = max(lengths, default=1) if names & set(_SEQUENCE_LAYERS) or lengths else 1
+    rows = batch * length
+    shape = f"{rows} rows ({batch} x {length} tokens)" if length > 1 else f"{rows} rows"
+    return Work(rows * width * width, f"{shape} x {width} x {width}", False)

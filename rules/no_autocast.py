@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
-from gpulint.network_size import network_size, small_work_per_step
+from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import related_texts
 from gpulint.rule import is_test_path
@@ -12,6 +12,8 @@ from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
+# the script picks its device at run time: the autocast fix follows the script's device variable
+_PICKS_DEVICE = re.compile(r"""["']--?device["']|\bcuda\.is_available\(\)""")
 # custom kernels may lack autocast support; RPC runs the forward on remote workers, outside the context
 _CUSTOM_KERNELS = re.compile(r"cpp_extension|load_inline|\btriton\b|torch\.ops\.|cupy|numba|distributed\.rpc|"
                              r"distributed\.autograd|dist_autograd")
@@ -46,14 +48,18 @@ class NoAutocast(Rule):
     (transitively), what the entry scripts importing it import, and the library (non-entry) modules of its
     folder; an unrelated entry script of the same folder does not count.
 
-    It fires only for networks with evidence of being large enough to gain: a literal `nn.Linear`/`Conv`/
-    `Embedding`/`LSTM`/attention width above 256, a width setting (`hidden_size`, `d_model`, `n_embd`,
-    argparse `--hidden-size` default, ...) above 256, or a torchvision/timm/transformers model. Small
-    networks (all literal widths <= 256), fp64 code, code with custom CUDA/Triton kernels and test files
-    are skipped, and so are convolution-free networks with every width at most 1024 trained on batches of
-    at most 4096 rows (written batch size times sequence length): on an H100 a 784-500-10 MLP at batch 100
-    and an LSTM of hidden size 1024 at 20 x 30 tokens both ran slower under bf16 autocast. It also reports `model.half()` combined with autocast in the same training function
-    (the AMP docs: do not call `.half()` on the model when using autocast), without a fix.
+    It fires only where the program shows enough work per step for bf16 to pay. The work is estimated from
+    the layers and batch shapes the program writes (`gpulint.network_size.work_per_step`): rows (batch size
+    times sequence length, from a length setting or a learned positional table `nn.Parameter(torch.zeros(1,
+    L, d))`; the batch alone for recurrent layers, which run one time step per kernel; batch times 16x16
+    assumed positions for convolutions) times the widths either side of the largest GEMM or convolution.
+    Measured on an H100, bf16 autocast was slower than fp32 up to about 1e8 multiply-adds per kernel (a
+    784-500-10 MLP at batch 100, an LSTM of hidden size 1024 at 20 rows per time step) and faster from about
+    2.7e8 (a 256-wide transformer encoder on 4,096 rows); the finding's note gives the estimate. Where no
+    batch size or width is written, it falls back to widths: a literal width or width setting above 256, or
+    a torchvision/timm/transformers model. fp64 code, code with custom CUDA/Triton kernels and test files are
+    skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
+    docs: do not call `.half()` on the model when using autocast), without a fix.
 
     ## Why is this slow
     fp32 matmuls and convolutions use a fraction of the tensor-core throughput and twice the memory traffic
@@ -89,7 +95,9 @@ class NoAutocast(Rule):
     stay in fp32 per the autocast op lists). The fix wraps the contiguous statements that compute the loss
     from the model output (found by following the loss variable back to the forward call, skipping data
     moves at the start); when they cannot be isolated from the backward (`criterion(model(x), y).backward()`)
-    the finding has no fix.
+    the finding has no fix. The context follows the script's own device: `device_type=device.type,
+    enabled=device.type == "cuda"` when the step copies its batches with `.to(device)` (a script run with
+    `--device cpu` keeps fp32), `device_type="cuda"` when it names no device variable.
     """
 
     code = "GPU023"
@@ -189,6 +197,53 @@ class NoAutocast(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # the script picks its device: the context follows it, and stays off on the CPU
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--device", default="cuda")
+            args = parser.parse_args()
+            device = torch.device(args.device)
+            model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+            batch_size = 512
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import argparse
+            import torch
+            import torch.nn as nn
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--device", default="cuda")
+            args = parser.parse_args()
+            device = torch.device(args.device)
+            model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+            batch_size = 512
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Valid(  # launch-bound: 64 rows x 512 x 512 per GEMM is far below what bf16 needs to pay
+            """
+            import torch
+            import torch.nn as nn
+            model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).cuda()
+            batch_size = 64
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # BCELoss raises inside an autocast region: reported without a fix
             """
             import torch.nn as nn
@@ -208,7 +263,7 @@ class NoAutocast(Rule):
         setup="model = torch.nn.Linear(512, 512)\nx = torch.randn(64, 512)\ny = torch.randn(64, 512)",
         before=("out = model(x)\nloss = torch.nn.functional.mse_loss(out, y)\nloss.backward()\n"
                 "value, g = loss.detach(), model.weight.grad"),
-        after=('with torch.autocast(device_type=device, dtype=torch.bfloat16):\n'
+        after=('with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):\n'
                '    out = model(x)\n'
                '    loss = torch.nn.functional.mse_loss(out, y)\n'
                'loss.backward()\n'
@@ -224,6 +279,7 @@ class NoAutocast(Rule):
         self._regions: list[cst.CSTNode] = []
         self._region_ancestors: dict[int, list[cst.CSTNode]] = {}
         self._halves: list[tuple[cst.Call, cst.CSTNode | None]] = []
+        self._work_note: str | None = None
 
     def visit_For(self, node: cst.For) -> None:
         self._collect(node)
@@ -257,8 +313,13 @@ class NoAutocast(Rule):
             return
         if any(p.search(t) for p in (LOW_PRECISION, FP64, _CUSTOM_KERNELS, _RL) for t in joined):
             return
-        if network_size(texts) != "large" or small_work_per_step(texts):
+        work = work_per_step(texts)
+        if work is not None:
+            if not work.pays:
+                return  # the step is launch-bound: bf16 casts cost more than the tensor cores give back
+        elif network_size(texts) != "large" or small_work_per_step(texts):
             return
+        self._work_note = work.explain() if work is not None else None
         if any(isinstance(n, cst.Call) and (dotted_name(n.func) or "").endswith("autocast")
                for n in walk(self.ctx.module, into_functions=True)):
             return  # added since the run read the file (an earlier fix pass)
@@ -316,19 +377,62 @@ class NoAutocast(Rule):
                         self.ctx.analysis.order.get(id(first_statement), 0):
                     first_statement = candidate
         if not ok or first_statement is None:
-            self.report(_statement_of(backwards[0], parents, region) or backwards[0])
+            self.report(_statement_of(backwards[0], parents, region) or backwards[0], note=self._work_note)
             return
         if _AUTOCAST_UNSAFE_LOSS.search(self.ctx.module.code):  # built anywhere in the file, called here
             self.report(first_statement, note="`BCELoss` / `binary_cross_entropy` raise under autocast: switch to "
-                                              "`BCEWithLogitsLoss` on logits, then wrap the step")
+                                              "`BCEWithLogitsLoss` on logits, then wrap the step"
+                                              + (f"; {self._work_note}" if self._work_note else ""))
             return
         autocast, imports_a = self.ctx.spell("torch.autocast")
         bf16, imports_b = self.ctx.spell("torch.bfloat16")
-        template = cst.parse_statement(f'with {autocast}(device_type="cuda", dtype={bf16}):\n    pass\n')
+        device_type, imports_c = self._device_type(region)
+        enabled = "" if device_type == '"cuda"' else f', enabled={device_type} == "cuda"'  # CPU runs stay fp32
+        template = cst.parse_statement(f'with {autocast}(device_type={device_type}, dtype={bf16}{enabled}):\n'
+                                       f'    pass\n')
         assert isinstance(template, cst.With)
         new_region = region.visit(_Wrap({k: v[1] for k, v in plans.items()}, template))
         self.report(first_statement, replacements=[(region, new_region)],
-                    imports=tuple(dict.fromkeys(imports_a + imports_b)))
+                    imports=tuple(dict.fromkeys(imports_a + imports_b + imports_c)), note=self._work_note)
+
+    def _device_type(self, region: cst.CSTNode) -> tuple[str, tuple]:
+        """`device_type=` that follows the script's own device when the script picks it at run time (a
+        `--device` option, or `torch.cuda.is_available()`): `device.type` when the step copies its batches with
+        `.to(device)` and `device` is bound to `torch.device(...)` in the step's scope (or at module level and
+        not shadowed by a parameter), else `torch.device(device).type` (right for a string and a
+        `torch.device` alike). The region is then enabled on CUDA only, so a CPU run keeps its fp32 numerics
+        and speed. `"cuda"` for a script that only runs on CUDA or names no device variable (`.cuda()`)."""
+        if not _PICKS_DEVICE.search(self.ctx.module.code):
+            return '"cuda"', ()
+        scope = self._scope_of(region)
+        for node in walk(region, into_functions=False):
+            if not (isinstance(node, cst.Call) and method_name(node) == "to"):
+                continue
+            arg = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "device"),
+                       node.args[0].value if node.args and node.args[0].keyword is None else None)
+            name = dotted_name(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
+            if name is None or not re.search(r"device|dev$", name.rsplit(".", 1)[-1], re.I):
+                continue  # a dtype (`.to(torch.float16)`) or no device variable
+            if self._bound_to_torch_device(name, scope):
+                return f"{name}.type", ()
+            torch_device, imports = self.ctx.spell("torch.device")
+            return f"{torch_device}({name}).type", imports
+        return '"cuda"', ()
+
+    def _bound_to_torch_device(self, name: str, scope: cst.CSTNode) -> bool:
+        def bound_in(root: cst.CSTNode) -> bool:
+            return any(isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+                       and self.ctx.qualname(node.value.func) == "torch.device"
+                       and any(dotted_name(t.target) == name for t in node.targets)
+                       for node in walk(root, into_functions=False))
+
+        if bound_in(scope):
+            return True
+        if isinstance(scope, cst.FunctionDef) and name.split(".")[0] in {
+                p.name.value for p in (*scope.params.params, *scope.params.kwonly_params,
+                                       *scope.params.posonly_params)}:
+            return False  # a parameter: callers may pass a string
+        return bound_in(self.ctx.module)
 
     def _range_for(self, call: cst.Call, region: cst.CSTNode,
                    parents: dict[int, cst.CSTNode]) -> tuple[cst.IndentedBlock, int, int] | None:

@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
-from gpulint.network_size import network_size
+from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import program_index, related_texts
 from gpulint.rule import is_test_path
@@ -234,17 +234,22 @@ class Tf32NotEnabled(Rule):
         for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
             if any(pattern.search(text) for text in joined):
                 return
-        if network_size(texts, matmul_only=True) == "small":
+        work = work_per_step(texts)
+        if work is not None and not work.convolutional:
+            if not work.pays:
+                return  # every GEMM is small: the step is launch-bound, TF32 has nothing to gain
+        elif network_size(texts, matmul_only=True) == "small":
             return  # every GEMM is small (and RNNs/convs already use TF32 through cuDNN): nothing to gain
+        note = work.explain() if work is not None and not work.convolutional else None
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
         uses_new = any(_NEW_API_TEXT.search(text) for text in joined)
         uses_legacy = any(_LEGACY_API_TEXT.search(text) for text in joined)
         edit = None if uses_new and uses_legacy else self._insertion(anchor, new_api=uses_new)
         if edit is None:
-            self.report(anchor)
+            self.report(anchor, note=note)
         else:
-            self.report(anchor, replacements=[edit])
+            self.report(anchor, replacements=[edit], note=note)
 
     def _insertion(self, anchor: cst.CSTNode, *, new_api: bool) -> tuple[cst.CSTNode, str] | None:
         """Replace the newline of the last top-level import before `anchor` with newline + statement."""

@@ -38,7 +38,7 @@ class SyntheticFrames(Dataset):
         rng = np.random.default_rng(self.seed * 1_000_003 + idx)
         label = int(self.labels[idx])
         image = rng.standard_normal((3, self.size, self.size)).astype(np.float32)
-        image += 0.5 * self.patterns[label]
+        image += 0.12 * self.patterns[label]
         image = (image - image.mean()) / (image.std() + 1e-6)
         return torch.from_numpy(image), label
 
