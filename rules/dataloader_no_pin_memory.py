@@ -30,6 +30,8 @@ _MOVES_TO_DEVICE = re.compile(r"\.cuda\(|\.to\(\s*(self\.)?(device|dev|_device|g
                               r"\.to\(\s*['\"]cuda|\bdevice\s*=\s*(?![\s=]|None\b|['\"]cpu['\"]|torch\.device\(\s*['\"]cpu)")
 # Libraries whose collate functions return CPU tensors (`default_collate`, Hugging Face data collators).
 _HOST_COLLATE_PREFIXES = ("torch.", "transformers.")
+# the script picks its device at run time: the fix follows its device variable
+_PICKS_DEVICE = re.compile(r"""["']--?device["']|\bcuda\.is_available\(\)""")
 _UNKNOWN_COLLATE_NOTE = ("the `collate_fn` could not be resolved: if it returns CUDA tensors, `pin_memory=True` "
                          "raises (\"cannot pin 'torch.cuda...Tensor'\"), so no fix is offered")
 
@@ -59,8 +61,11 @@ class DataloaderNoPinMemory(Rule):
     ```python
     loader = DataLoader(train_set, batch_size=256, shuffle=True, num_workers=4, pin_memory=True)
     ```
-    When the program may run without a GPU the fix writes `pin_memory=torch.cuda.is_available()`, which
-    avoids torch's "no accelerator is found" warning on CPU-only machines.
+    When the script picks its device at run time (a `--device` option, `torch.cuda.is_available()`) and
+    binds it with `device = torch.device(...)`, the fix follows that choice: `pin_memory=device.type ==
+    "cuda"` (a run with `--device cpu` on a GPU machine pins nothing). Otherwise, when the program may run
+    without a GPU, it writes `pin_memory=torch.cuda.is_available()`, which avoids torch's "no accelerator is
+    found" warning on CPU-only machines.
 
     ## Fix safety
     Safe: pinning changes where a batch's host copy lives, not its values (batches compare equal). It is
@@ -220,7 +225,7 @@ class DataloaderNoPinMemory(Rule):
                 train_set,
                 batch_size=64,
                 num_workers=4,
-                pin_memory=th.cuda.is_available(),
+                pin_memory=device.type == "cuda",
             )
             """,
         ),
@@ -272,7 +277,8 @@ class DataloaderNoPinMemory(Rule):
         before=("batches = list(DataLoader(ds, batch_size=8, shuffle=False))\n"
                 "xs = torch.cat([b[0] for b in batches]).cpu()\n"
                 "ys = torch.cat([b[1] for b in batches]).cpu()"),
-        after=("batches = list(DataLoader(ds, batch_size=8, shuffle=False, pin_memory=torch.cuda.is_available()))\n"
+        after=("device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+               "batches = list(DataLoader(ds, batch_size=8, shuffle=False, pin_memory=device.type == 'cuda'))\n"
                "xs = torch.cat([b[0] for b in batches]).cpu()\n"
                "ys = torch.cat([b[1] for b in batches]).cpu()"),
         compare=("xs", "ys"),
@@ -312,12 +318,37 @@ class DataloaderNoPinMemory(Rule):
         if note is not None:
             self.report(node, note=note)
             return
-        if self.ctx.program.maybe_cuda_evidence:
+        device = self._device_variable()
+        if device is not None:
+            value, imports = f'{device}.type == "cuda"', ()  # follows the script's own device choice
+        elif self.ctx.program.maybe_cuda_evidence or _PICKS_DEVICE.search(self.ctx.module.code):
             value, imports = self.ctx.spell("torch.cuda.is_available")
             value += "()"
         else:
             value, imports = "True", ()
         self.report(node, replacement=add_keyword(node, "pin_memory", value), imports=imports)
+
+    def _device_variable(self) -> str | None:
+        """The script's device variable at the loader: a name bound to `torch.device(...)` in the enclosing
+        function (or at module level, not shadowed by a parameter), when the script picks its device at run
+        time (`--device`, `torch.cuda.is_available()`)."""
+        if not _PICKS_DEVICE.search(self.ctx.module.code):
+            return None
+        function = self.ctx.enclosing(cst.FunctionDef)
+        scopes = [function] if isinstance(function, cst.FunctionDef) else []
+        params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)} \
+            if isinstance(function, cst.FunctionDef) else set()
+        scopes.append(self.ctx.module)
+        for scope in scopes:
+            for node in walk(scope, into_functions=False):
+                if isinstance(node, cst.Assign) and len(node.targets) == 1 \
+                        and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Call) \
+                        and self.ctx.qualname(node.value.func) == "torch.device":
+                    name = node.targets[0].target.value
+                    if scope is self.ctx.module and name in params:
+                        continue
+                    return name
+        return None
 
     def _read_once(self, node: cst.Call) -> bool:
         """The whole dataset in one batch (`batch_size=len(ds)`), or a loader only read by `next(iter(...))` at
