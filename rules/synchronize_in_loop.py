@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
-from gpulint.analysis import child_nodes, dotted_name, method_name
+from gpulint.analysis import child_nodes, dotted_name, method_name, walk
 from gpulint.semantic.frequency import gated
 from gpulint.semantic.vocab import SYNCHRONIZE_CALLS
 
@@ -25,7 +25,9 @@ class SynchronizeInLoop(Rule):
     Finds `torch.cuda.synchronize()` on every training step (in a training loop, a step function or a
     `forward`) that is not part of timing code: timing calls within a few statements, or a clock read
     (`time.time()`, `time.perf_counter()`, `time.monotonic()`, `event.elapsed_time(...)`) anywhere later in
-    the same loop body with no other synchronize in between.
+    the same loop body with no other synchronize in between, whose value computes an elapsed time
+    (`time.time() - start`, or `t1 = time.time()` with `t1 - t0` in the loop). A bare timestamp read later
+    in the loop (`log["wall"] = time.time()`) does not make the synchronize timing code.
 
     ## Why is this slow
     `synchronize()` blocks the host until every queued kernel has finished. The CPU then starts queueing the
@@ -55,8 +57,7 @@ class SynchronizeInLoop(Rule):
     message = "`torch.cuda.synchronize()` on every training step stalls the host until the GPU is idle"
     severity = Severity.INFO
     safety = Safety.SUGGEST
-    priority = "P3"
-    default_enabled = False
+    priority = "P2"
     triggers = ("synchronize",)
     examples = [
         Valid(
@@ -107,6 +108,21 @@ class SynchronizeInLoop(Rule):
                 model(x).sum().backward()
                 optimizer.step()
                 torch.cuda.synchronize()
+            """
+        ),
+        Invalid(  # a timestamp read later in the loop measures no elapsed time
+            """
+            import time
+            import torch
+            for step, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                optimizer.step()
+                torch.cuda.synchronize()
+                history.append(step)
+                stats.update(step=step)
+                meter.count += 1
+                epoch_log.mark()
+                records.append({"step": step, "wall": time.time()})
             """
         ),
         Invalid(  # the clock is read only every N steps: the other steps' synchronize serves nothing
@@ -173,11 +189,31 @@ class SynchronizeInLoop(Rule):
             if seen and isinstance(node, cst.Call):
                 if self._is_synchronize(node):
                     return False
-                if self._is_timer_read(node):
+                if self._is_timer_read(node) and self._measures_elapsed(node, body):
                     return conditional == 0
             depth = conditional + (1 if isinstance(node, _CONDITIONAL) else 0)
             pending.extend((child, depth) for child in reversed(child_nodes(node)))
         return False
+
+    def _measures_elapsed(self, read: cst.Call, body: cst.CSTNode) -> bool:
+        """The clock value is used to compute an elapsed time: `time.time() - start` (or `end - t`), or it is
+        bound to a name (`t1 = time.perf_counter()`) that a subtraction in the loop body reads;
+        `event.elapsed_time(...)` is one. A bare timestamp (`log["wall"] = time.time()`) times nothing."""
+        if method_name(read) == "elapsed_time":
+            return True
+        names: set[str] = set()
+        for node in walk(body, into_functions=False):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+                if any(child is read for child in walk(node, into_functions=False)):
+                    return True
+            if isinstance(node, cst.Assign) and node.value is read:
+                names.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
+        if not names:
+            return False
+        return any(isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract)
+                   and any(isinstance(operand, cst.Name) and operand.value in names
+                           for operand in (node.left, node.right))
+                   for node in walk(body, into_functions=False))
 
     def _near_timing(self) -> bool:
         """Timing calls within a few statements of the synchronize, in its block or the enclosing blocks of the
