@@ -247,7 +247,7 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
 
 # Work per step: the precision rules offer TF32 / bf16 autocast where the matrix work of one kernel is large
 # enough for tensor-core math to pay for its casts and launches. Measured on an H100 (torch 2.11,
-# benchmarks/e2e/precision_sweep.py): bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100
+# benchmarks/e2e/precision_sweep.py and the catalog): bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100
 # (~2.5e7 multiply-adds per GEMM) and for an LSTM of hidden size 1024 at 20 rows per time step (~8e7), and
 # faster from about 2.7e8 per GEMM up (a 256-wide transformer on 4,096 rows: 4096 x 256 x 1024 = 1.1e9).
 WORK_PAYS = 1 << 28  # multiply-adds of the largest GEMM / convolution of one step
