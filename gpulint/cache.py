@@ -31,17 +31,22 @@ class ResultCache:
         self.entries: dict[str, dict] = {}
         self.dirty = False
         try:
-            self.entries = json.loads(self.path.read_text(encoding="utf-8"))
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            self.entries = {}
+            loaded = {}
+        # a cache file is only ever a hint: anything but the expected shape (`[]`, `null`, damaged) is ignored
+        self.entries = loaded if isinstance(loaded, dict) else {}
 
     def get(self, file_key: str, content_hash: str, facts_key: str, program_key: str) -> list[Diagnostic] | None:
         entry = self.entries.get(file_key)
-        if not entry or entry["content"] != content_hash or entry["facts"] != facts_key:
-            return None
-        if entry["program"] is not None and entry["program"] != program_key:
-            return None
-        return [diagnostic_from_dict(d) for d in entry["diagnostics"]]
+        try:
+            if not isinstance(entry, dict) or entry["content"] != content_hash or entry["facts"] != facts_key:
+                return None
+            if entry["program"] is not None and entry["program"] != program_key:
+                return None
+            return [diagnostic_from_dict(d) for d in entry["diagnostics"]]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            return None  # a damaged entry: the file is linted again and the entry replaced
 
     def put(self, file_key: str, content_hash: str, facts_key: str, program_key: str | None,
             diagnostics: list[Diagnostic]) -> None:

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-verify", action="store_true",
                        help="apply fixes without first running their rules' micro-checks on the installed torch")
     verify = sub.add_parser("verify", help="run the rules' micro-checks on real tensors (needs torch)",
-                            add_help=False)
+                            add_help=False)  # parsed by gpulint.verify (main() hands it the arguments)
     verify.add_argument("rest", nargs=argparse.REMAINDER)
     rule = sub.add_parser("rule", help="explain a rule")
     rule.add_argument("code", nargs="?", help="a rule code or name")
@@ -155,18 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:  # argparse: --help, --version, usage errors
-        return int(exit_.code or 0)
-    try:
+        if argv[:1] == ["verify"]:  # its own parser: `verify --device cpu`, `verify -h`, `verify GPU011 --format json`
+            from gpulint.verify import main as verify_main
+
+            return verify_main(argv[1:])
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exit_:  # argparse: --help, --version, usage errors
+            return int(exit_.code or 0)
         if args.command == "rules":
             return _rules(args)
         if args.command == "rule":
             return _rule(args)
         if args.command == "clean":
             return _clean(args)
-        if args.command == "verify":
+        if args.command == "verify":  # `gpulint --color never verify ...`: options before the command
             from gpulint.verify import main as verify_main
 
             return verify_main(args.rest)
@@ -182,6 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter from complaining at exit
         except OSError:
             pass
+        return EXIT_ERROR
+    except Exception as error:  # noqa: BLE001 - a gpulint bug: one line and exit 2, never a traceback with exit 1
+        if os.environ.get("GPULINT_DEBUG"):
+            raise
+        print(f"gpulint: internal error: {type(error).__name__}: {' '.join(str(error).split())[:500]} "
+              f"(set GPULINT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_ERROR
 
 

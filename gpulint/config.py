@@ -212,6 +212,9 @@ def _load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{shown_path(path)}: invalid TOML: {error}") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8 by definition
+        raise ConfigError(f"{shown_path(path)}: not valid UTF-8 (byte {error.object[error.start:error.start + 1]!r} "
+                          f"at offset {error.start}); TOML files must be UTF-8") from None
     except OSError as error:
         raise ConfigError(f"{shown_path(path)}: cannot read: {error.strerror or error}") from None
 

@@ -64,20 +64,27 @@ def newline_of(text: str) -> str:
 def write_source_atomically(source: SourceFile, new_text: str) -> None:
     """Write `new_text` in the file's own encoding, BOM and mode, via a temp file and rename.
 
-    Refuses (SourceError) when the file changed on disk since it was read, so a concurrent edit is never lost.
+    A symlink is written through: its target gets the new text and the link stays a link. A file with other
+    hard links is rewritten in place (one write of the whole text), so that every link sees the fix; a rename
+    would split the links. Refuses (SourceError) when the file changed on disk since it was read, so a
+    concurrent edit is never lost.
     """
     data = source.encode(new_text)
-    path = source.path
     try:
+        path = Path(os.path.realpath(source.path))  # the file itself, behind any symlinks
         current = path.read_bytes()
     except OSError as exc:
         raise SourceError(exc.strerror or str(exc)) from None
     if current != source.raw:
         raise SourceError("file changed on disk while gpulint was fixing it; left untouched")
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
+        info = path.stat()
+        mode = stat.S_IMODE(info.st_mode)
         if not mode & stat.S_IWUSR or not os.access(path, os.W_OK):  # root ignores modes; we do not
             raise SourceError("file is read-only; left untouched")
+        if info.st_nlink > 1:
+            _rewrite_in_place(path, data)
+            return
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".gpulint", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -90,3 +97,11 @@ def write_source_atomically(source: SourceFile, new_text: str) -> None:
             raise
     except OSError as exc:
         raise SourceError(f"cannot write: {exc.strerror or exc}") from None
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.write(data)
+        handle.truncate()
+        handle.flush()
+        os.fsync(handle.fileno())

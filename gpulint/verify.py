@@ -9,6 +9,7 @@ PERF (CUDA wall-clock timing, informational). Results are cached per rule, torch
 from __future__ import annotations
 
 import json
+import sys
 import math
 import statistics
 import textwrap
@@ -416,18 +417,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gpulint.registry import all_rules, rule_by_code
 
-    parser = argparse.ArgumentParser(prog="gpulint verify", description=__doc__.splitlines()[0])
-    parser.add_argument("codes", nargs="*", help="rule codes (default: every rule with a micro-check)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # one line and exit 2, like every gpulint usage error
+            self.exit(2, f"gpulint verify: error: {message}\n")
+
+    parser = Parser(prog="gpulint verify", description=__doc__.splitlines()[0])
+    parser.add_argument("codes", nargs="*", help="rule codes or names (default: every rule with a micro-check)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the tensors live (default: cpu)")
+    parser.add_argument("--format", "--output-format", dest="format", choices=("text", "json"), default="text",
+                        help="text table (default) or JSON")
     parser.add_argument("--cached", action="store_true", help="reuse results cached for this torch version")
     parser.add_argument("--sites", metavar="FILE", help="also check rewrites of the user's own code (JSON written by "
                         "`gpulint fix --apply`); output becomes {\"rules\": [...], \"sites\": [...]}")
-    args = parser.parse_args(argv)
-    if not torch_available():
-        print("gpulint verify: torch is not installed (pip install 'gpulint[verify]')")
-        return 2
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, usage errors
+        return int(exit_.code or 0)
     rules = [rule_by_code(c) for c in args.codes] if args.codes else [r for r in all_rules() if r.micro_check]
+    without = [r.code for r in rules if r.micro_check is None]
+    if without:
+        print(f"gpulint verify: error: no micro-check for {', '.join(without)} (only rules that rewrite code have "
+              f"one)", file=sys.stderr)
+        return 2
+    if not torch_available():
+        print("gpulint verify: error: torch is not installed; the CPU build is enough: pip install torch "
+              "--index-url https://download.pytorch.org/whl/cpu", file=sys.stderr)
+        return 2
     check = cached_check if args.cached else run_check
     results = [check(rule, args.device) for rule in rules]
     if args.sites:

@@ -191,6 +191,9 @@ class DeprecatedCudaAmpApi(Rule):
         super().__init__(ctx)
         self._parents: dict[int, cst.CSTNode] | None = None
         self._groups: dict[int, "_ImportGroup | None"] = {}  # id(ImportFrom) -> group
+        # once per file, not once per call site (a file's text or walk per site made the rule quadratic)
+        self._isinstance_here: bool | None = None
+        self._imports_by_name: dict[str, list[cst.ImportFrom]] | None = None
 
     # -- module-path uses: torch.cuda.amp.X(...) / amp.X(...) -----------------------------------------
 
@@ -281,7 +284,10 @@ class DeprecatedCudaAmpApi(Rule):
         return False
 
     def _in_isinstance_program(self) -> bool:
-        return bool(self.ctx.program.search(_ISINSTANCE)) or bool(_ISINSTANCE.search(self.ctx.code(self.ctx.module)))
+        if self._isinstance_here is None:
+            self._isinstance_here = bool(self.ctx.program.search(_ISINSTANCE)) or bool(
+                _ISINSTANCE.search(self.ctx.code(self.ctx.module)))
+        return self._isinstance_here
 
     def _explicit_defaults(self, call: cst.Call, kind: str, device: str) -> tuple[list[tuple[str, str]], tuple]:
         """The old autocast passed dtype/cache_enabled explicitly; keep them when the program changes defaults."""
@@ -330,14 +336,16 @@ class DeprecatedCudaAmpApi(Rule):
     def _import_for(self, local: str) -> cst.ImportFrom | None:
         """The single `from torch.{cuda,cpu}.amp[...] import ...` statement binding `local`, if it is the
         only binding of that name in the file."""
-        found = []
-        for node in walk(self.ctx.module, into_functions=True):
-            if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-                for alias in node.names:
-                    bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) \
-                        else dotted_name(alias.name)
-                    if bound == local:
-                        found.append(node)
+        if self._imports_by_name is None:
+            self._imports_by_name = {}
+            for node in walk(self.ctx.module, into_functions=True):
+                if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+                    for alias in node.names:
+                        bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) \
+                            else dotted_name(alias.name)
+                        if bound is not None:
+                            self._imports_by_name.setdefault(bound, []).append(node)
+        found = self._imports_by_name.get(local, [])
         bindings = sum(len(scope.bindings.get(local, [])) for scope in self.ctx.analysis.scopes.values())
         if len(found) != 1 or bindings != 1:
             return None

@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, dotted_name, is_true, method_name, walk
-from gpulint.program import related_texts, search_texts
+from gpulint.program import related_texts
 from gpulint.semantic.precision import autocast_call_of, autocast_dtype
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
@@ -138,6 +138,11 @@ class GradscalerWithBf16(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._done: set[tuple[int, str]] = set()
+        # program-wide text facts, searched once per file rather than once per `scaler.scale()` call
+        self._texts: dict[str, str] | None = None
+        self._fp16: bool | None = None
+        self._bf16_elsewhere: tuple[str, int] | None | bool = False  # False: not searched yet
+        self._bf16_here: int | None | bool = False
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) != "scale" or len(node.args) != 1 or node.args[0].keyword is not None:
@@ -196,8 +201,11 @@ class GradscalerWithBf16(Rule):
 
     def _bf16_evidence(self, scale_call: cst.Call, region: cst.CSTNode) -> str | None:
         """'here' (bf16 autocast in this loop), a file name (bf16 autocast elsewhere), or None."""
-        texts = related_texts(self.ctx)
-        if any(_FP16_TEXT.search(text) for text in texts.values()):
+        if self._texts is None:
+            self._texts = related_texts(self.ctx)
+            self._fp16 = any(_FP16_TEXT.search(text) for text in self._texts.values())
+        texts = self._texts
+        if self._fp16:
             return None
         dtypes = []
         for node in walk(region):
@@ -212,12 +220,25 @@ class GradscalerWithBf16(Rule):
             return "here" if all(d == "bf16" for d in dtypes) else None
         if "autocast" in self.ctx.code(region):
             return None
-        found = search_texts({p: t for p, t in texts.items() if p != self.ctx.path}, _BF16_AUTOCAST_TEXT)
-        if found:
-            path, line = found[0]
+        if self._bf16_elsewhere is False:
+            self._bf16_elsewhere = _first_match({p: t for p, t in texts.items() if p != self.ctx.path},
+                                                _BF16_AUTOCAST_TEXT)
+        if self._bf16_elsewhere:
+            path, line = self._bf16_elsewhere  # type: ignore[misc]
             return f"{path}:{line}"
-        own = search_texts({self.ctx.path: texts[self.ctx.path]}, _BF16_AUTOCAST_TEXT)
-        return f"line {own[0][1]}" if own else None
+        if self._bf16_here is False:
+            own = _first_match({self.ctx.path: texts[self.ctx.path]}, _BF16_AUTOCAST_TEXT)
+            self._bf16_here = own[1] if own else None
+        return f"line {self._bf16_here}" if self._bf16_here else None
+
+
+def _first_match(texts: dict[str, str], pattern: re.Pattern[str]) -> tuple[str, int] | None:
+    """(path, line) of the first match of `pattern` in `texts` (one search per text, stopping at the first)."""
+    for path, text in texts.items():
+        match = pattern.search(text)
+        if match is not None:
+            return path, text.count("\n", 0, match.start()) + 1
+    return None
 
 
 class _At:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from urllib.parse import quote
 from typing import Callable, Sequence
 
 from gpulint import __version__
@@ -151,6 +153,15 @@ def _sarif_rule(info: RuleInfo) -> dict:
     }
 
 
+def _artifact(path: str, root: str | None) -> dict:
+    """A SARIF artifactLocation: a percent-encoded URI reference (RFC 3986) relative to %SRCROOT%, or an
+    absolute `file://` URI for a file outside the root. `my project/train.py` -> `my%20project/train.py`."""
+    relative = _relative(path, root)
+    if relative.startswith("/") or os.path.isabs(relative):
+        return {"uri": Path(os.path.abspath(path)).as_uri()}
+    return {"uri": quote(relative, safe="/"), "uriBaseId": "%SRCROOT%"}
+
+
 def _region(start, end) -> dict:
     return {"startLine": start.line, "startColumn": start.col, "endLine": end.line, "endColumn": end.col}
 
@@ -164,8 +175,8 @@ def render_sarif(diagnostics: Sequence[Diagnostic], sources: dict[str, str], rul
     index = {info.code: position for position, info in enumerate(infos)}
     results = []
     for d, fingerprint in zip(diagnostics, fingerprints(diagnostics, sources)):
-        uri = _relative(d.path, root)
-        location = {"physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+        artifact = _artifact(d.path, root)
+        location = {"physicalLocation": {"artifactLocation": artifact,
                                          "region": _region(d.start, d.end)}}
         result: dict = {
             "ruleId": d.code,
@@ -180,7 +191,7 @@ def render_sarif(diagnostics: Sequence[Diagnostic], sources: dict[str, str], rul
             result["fixes"] = [{
                 "description": {"text": d.fix.title + ("" if d.fix.safety is Safety.SAFE else " (unsafe)")},
                 "artifactChanges": [{
-                    "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+                    "artifactLocation": dict(artifact),
                     "replacements": [{"deletedRegion": _region(e.start, e.end),
                                       "insertedContent": {"text": e.content}} for e in d.fix.edits],
                 }],
