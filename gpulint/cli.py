@@ -24,7 +24,7 @@ from gpulint import __version__
 from gpulint.cache import CACHE_DIR_NAME
 from gpulint.config import OUTPUT_FORMATS, ConfigError, Layer, Resolver, Settings
 from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
-from gpulint.discovery import discover
+from gpulint.discovery import discover, link_problem
 from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
 from gpulint.engine import RuleCrash, lint_text
 from gpulint.fixer import fix_text
@@ -73,15 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
         sel = p.add_argument_group("rule selection")
         sel.add_argument("--select", action="extend", type=_codes, metavar="CODES",
                          help="rule codes, prefixes (GPU01), names or ALL to enable (replaces the config's)")
-        sel.add_argument("--extend-select", action="extend", type=_codes, default=[], metavar="CODES")
-        sel.add_argument("--ignore", action="extend", type=_codes, default=[], metavar="CODES")
+        sel.add_argument("--extend-select", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="enable these rules too (keeps the config's selection)")
+        sel.add_argument("--ignore", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="disable these rules")
         sel.add_argument("--per-file-ignores", action="append", type=_pattern_codes, metavar="PATTERN:CODES",
                          help="replaces the config's per-file-ignores")
         sel.add_argument("--extend-per-file-ignores", action="append", type=_pattern_codes, default=[],
-                         metavar="PATTERN:CODES")
-        sel.add_argument("--fixable", action="extend", type=_codes, metavar="CODES")
-        sel.add_argument("--unfixable", action="extend", type=_codes, default=[], metavar="CODES")
-        sel.add_argument("--extend-fixable", action="extend", type=_codes, default=[], metavar="CODES")
+                         metavar="PATTERN:CODES", help="add to the config's per-file-ignores")
+        sel.add_argument("--fixable", action="extend", type=_codes, metavar="CODES",
+                         help="only these rules' fixes are applied (default: all)")
+        sel.add_argument("--unfixable", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="never apply these rules' fixes (the findings stay)")
+        sel.add_argument("--extend-fixable", action="extend", type=_codes, default=[], metavar="CODES",
+                         help="add to --fixable")
         sel.add_argument("--extend-safe-fixes", action="extend", type=_codes, default=[], metavar="CODES",
                          help="treat these rules' unsafe fixes as safe")
         sel.add_argument("--extend-unsafe-fixes", action="extend", type=_codes, default=[], metavar="CODES",
@@ -91,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         files = p.add_argument_group("files")
         files.add_argument("--exclude", action="extend", type=_codes, metavar="GLOBS",
                            help="replaces the default excludes")
-        files.add_argument("--extend-exclude", action="extend", type=_codes, default=[], metavar="GLOBS")
-        files.add_argument("--respect-gitignore", action=argparse.BooleanOptionalAction, default=None)
+        files.add_argument("--extend-exclude", action="extend", type=_codes, default=[], metavar="GLOBS",
+                           help="exclude these too (keeps the defaults)")
+        files.add_argument("--respect-gitignore", action=argparse.BooleanOptionalAction, default=None,
+                           help="skip files that .gitignore ignores (default: on)")
         files.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                            help="apply excludes to files named on the command line too (pre-commit)")
         files.add_argument("--stdin-filename", metavar="PATH", help="the path of the code read from stdin")
@@ -114,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         out.add_argument("-q", "--quiet", action="store_true", help="findings only, no summary")
         out.add_argument("-s", "--silent", action="store_true", help="print nothing (the exit code tells)")
         out.add_argument("-v", "--verbose", action="store_true", help="say which config files apply, and timings")
-        out.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+        out.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                         help="colour in full/concise output (default: auto, a terminal without NO_COLOR)")
         sup = p.add_argument_group("suppressions and baselines")
         sup.add_argument("--add-noqa", nargs="?", const="", default=None, metavar="REASON",
                          help="add `# noqa: CODES` to every line with a finding, then exit")
@@ -257,8 +265,8 @@ def _collect(raw_paths: Sequence[str], resolver: Resolver) -> _Files:
     missing: list[str] = []
     for raw in raw_paths:
         path = Path(raw)
-        if not path.exists() and not path.is_symlink():
-            missing.append(raw)
+        if (not path.exists() and not path.is_symlink()) or link_problem(path) is not None:
+            missing.append(raw)  # the runner's discovery names the problem (missing, symlink loop, ...)
             continue
         if not path.is_dir():
             settings = resolver.settings_for(path)
@@ -792,6 +800,7 @@ def _rules(args: argparse.Namespace) -> int:
         print(json.dumps([rule_json(i) for i in infos], indent=2))
         return EXIT_CLEAN
     width = max(len(i.name) for i in infos)
+    print("[*] safe fix (gpulint fix --apply)   [!] unsafe fix (needs --unsafe-fixes)   on/off: enabled by default")
     for info in infos:
         mark = "[*]" if info.safety is Safety.SAFE else "[!]" if info.safety is Safety.UNSAFE else "   "
         state = "always" if info.meta and not info.selectable else "on" if info.default_enabled else "off"

@@ -124,6 +124,19 @@ def _excluded(relative: str, name: str, excludes: Iterable[str]) -> bool:
     return False
 
 
+def link_problem(path: Path) -> str | None:
+    """Why a symlink cannot be followed (a loop, a missing target), in the system's words; None otherwise."""
+    if not path.is_symlink():
+        return None
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return f"{exc.strerror or exc} (symbolic link to {os.readlink(path)!r})"
+    except RuntimeError:
+        return "Too many levels of symbolic links"
+    return None
+
+
 @dataclass(frozen=True)
 class DiscoveryProblem:
     path: str
@@ -138,7 +151,11 @@ def discover(paths: Iterable[str], *, excludes: Iterable[str] = DEFAULT_EXCLUDES
     excludes = tuple(excludes)
     for raw in paths:
         path = Path(raw)
-        if not path.exists() and not path.is_symlink():
+        broken = link_problem(path)
+        if broken is not None:
+            problems.append(DiscoveryProblem(raw, broken))
+            continue
+        if not path.exists():
             problems.append(DiscoveryProblem(raw, "No such file or directory"))
             continue
         if path.is_file() or (path.is_symlink() and not path.is_dir()):
@@ -179,11 +196,13 @@ def _walk(directory: Path, project: Path, stack: _IgnoreStack, excludes: tuple[s
             child = Path(entry.path)
             try:
                 is_dir = entry.is_dir()
-            except OSError:
+            except OSError as exc:  # a symlink loop
+                if entry.name.endswith(".py"):
+                    problems.append(DiscoveryProblem(str(child), link_problem(child) or exc.strerror or str(exc)))
                 continue
             try:
                 relative = child.resolve().relative_to(project).as_posix()
-            except (ValueError, OSError):
+            except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
                 relative = child.name
             if _excluded(relative, entry.name, excludes):
                 continue
@@ -192,6 +211,10 @@ def _walk(directory: Path, project: Path, stack: _IgnoreStack, excludes: tuple[s
             if is_dir:
                 yield from visit(child, ignores.with_dir(child) if respect_gitignore else ignores)
             elif entry.name.endswith(".py"):
+                broken = link_problem(child) if entry.is_symlink() else None
+                if broken is not None:
+                    problems.append(DiscoveryProblem(str(child), broken))
+                    continue
                 yield child
 
     yield from visit(directory.resolve(), stack)

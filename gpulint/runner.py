@@ -174,7 +174,8 @@ def run(
 ) -> RunResult:
     kwargs = {"excludes": excludes} if excludes is not None else {}
     files, problems = discover(paths, respect_gitignore=respect_gitignore, **kwargs)
-    reports: list[FileReport] = [FileReport(p.path, [_io_error(p.path, p.message)]) for p in problems]
+    reports: list[FileReport] = [FileReport(shown, [_io_error(shown, p.message)], cacheable=False)
+                                 for p in problems for shown in [display_path(Path(p.path))]]
     sources: list[tuple[str, SourceFile]] = []
     for path in files:
         shown = display_path(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import tempfile
 import tokenize
@@ -42,9 +43,29 @@ def decode_source(raw: bytes, path: Path) -> SourceFile:
     codec = "utf-8" if encoding == "utf-8-sig" else encoding
     try:
         text = body.decode(codec)
-    except (UnicodeDecodeError, LookupError) as exc:
-        raise SourceError(f"cannot decode as {codec}: {exc.reason if hasattr(exc, 'reason') else exc}") from None
+    except UnicodeDecodeError as exc:
+        line = body.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
+        where = f"byte {body[exc.start:exc.start + 1].hex()} at line {line}, column {column}"
+        cookie = _cookie_line(raw)
+        if cookie is None:
+            raise SourceError(f"not valid UTF-8 ({where}: {exc.reason}); Python reads files without an "
+                              f"encoding line as UTF-8") from None
+        raise SourceError(f"not valid {codec} as line {cookie} declares ({where}: {exc.reason})") from None
+    except LookupError as exc:
+        raise SourceError(f"cannot decode as {codec}: {exc}") from None
     return SourceFile(path=path, raw=raw, text=text, encoding=codec, bom=bom)
+
+
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")
+
+
+def _cookie_line(raw: bytes) -> int | None:
+    """The line (1 or 2) of the file's encoding declaration, if it has one."""
+    for number, line in enumerate(raw.splitlines()[:2], start=1):
+        if _COOKIE.match(line):
+            return number
+    return None
 
 
 def read_source(path: Path) -> SourceFile:

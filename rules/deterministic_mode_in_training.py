@@ -12,6 +12,18 @@ _CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 # A helper whose whole purpose is determinism: whoever calls it decides (often under a flag).
 _DETERMINISM_HELPER = re.compile(r"determin|reproduc", re.I)
 _TRAINING = re.compile(r"\.backward\(")
+# What deterministic mode slows down. `cudnn.deterministic` only touches cuDNN: convolutions and recurrent
+# layers (also inside torchvision/timm models). `use_deterministic_algorithms` / the cuBLAS workspace setting
+# also replace the atomic-add kernels of scatter/index accumulation, embedding and interpolation backward. A
+# program that builds its network from layers, none of them affected (an MLP of nn.Linear layers), runs at the
+# same speed either way: not reported. A program that builds no layer (the model comes from elsewhere) is.
+_BUILDS_LAYERS = re.compile(r"\bnn\.[A-Z]\w*\s*\(|\b(?:Linear|Sequential)\s*\(")
+_CUDNN_WORK = re.compile(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\s*\(|\b(?:LSTM|GRU|RNN)\b|"
+                         r"\b(?:lstm|gru|rnn)\s*\(|torchvision\.models|\btimm\b|\bresnet|\bvgg|\bunet|"
+                         r"\befficientnet|\bconvnext", re.I)
+_ATOMIC_WORK = re.compile(r"scatter_add|scatter_reduce|index_add|index_put|\.put_\(|\bEmbedding(?:Bag)?\b|"
+                          r"\bembedding(?:_bag)?\s*\(|interpolate|Upsample|grid_sample|ctc_loss|CTCLoss|bincount|"
+                          r"histc|nll_loss2d|cumsum|transformers|AutoModel")
 # `if` tests that are a reproducibility switch (`--deterministic`, `--seed`, debug runs); `if using_cuda:` is not.
 _SWITCH = re.compile(r"determin|reproduc|seed|debug|exact|bitwise|benchmark|fast|strict", re.I)
 
@@ -77,6 +89,17 @@ class DeterministicModeInTraining(Rule):
             loss.backward()
             """
         ),
+        Valid(  # an MLP: neither cuDNN nor atomic-add kernels, deterministic mode costs nothing
+            """
+            import torch
+            from torch import nn
+            torch.backends.cudnn.deterministic = True
+            torch.use_deterministic_algorithms(True)
+            model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+            for x, y in loader:
+                nn.functional.cross_entropy(model(x), y).backward()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -96,7 +119,7 @@ class DeterministicModeInTraining(Rule):
         for target in node.targets:
             expr = target.target
             if self.ctx.qualname(expr) == "torch.backends.cudnn.deterministic" and _is_true(node.value):
-                self._maybe_report(node)
+                self._maybe_report(node, cudnn_only=True)
             elif self._is_cublas_env(expr):
                 self._maybe_report(node)
 
@@ -115,9 +138,12 @@ class DeterministicModeInTraining(Rule):
             and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
             and string_value(expr.slice[0].slice.value) == _CUBLAS_ENV
 
-    def _maybe_report(self, node: cst.CSTNode) -> None:
+    def _maybe_report(self, node: cst.CSTNode, cudnn_only: bool = False) -> None:
         if is_test_path(self.ctx.path) or not self.ctx.program.search(_TRAINING):
             return
+        if self.ctx.program.search(_BUILDS_LAYERS) and not self.ctx.program.search(_CUDNN_WORK) and (
+                cudnn_only or not self.ctx.program.search(_ATOMIC_WORK)):
+            return  # the program's network has nothing that runs slower in deterministic mode
         for ancestor in reversed(self.ctx.ancestors[:-1]):
             if isinstance(ancestor, cst.If) and _SWITCH.search(self.ctx.code(ancestor.test)):
                 return  # behind a reproducibility switch: already a decision

@@ -178,6 +178,9 @@ def render_summary(writer: Writer, diagnostics: Sequence[Diagnostic], applicable
              f"`--unsafe-fixes` option" if unsafe_hidden else ""
     if safe and not fixing:
         writer.line(f"[*] {safe} fixable with `gpulint fix --apply`" + (f" ({hidden})." if hidden else "."))
+    elif safe:  # fixing, yet fixable findings remain: their file could not be written (read-only, changed, ...)
+        writer.line(f"[*] {safe} fixable but not fixed in this run (see the messages above)"
+                    + (f"; {hidden}." if hidden else "."))
     elif hidden:
         writer.line(f"No fixes available ({hidden}).")
 
