@@ -48,6 +48,24 @@ class ResultCache:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError):
             return None  # a damaged entry: the file is linted again and the entry replaced
 
+    # The program facts' digest depends only on the program's files (their paths and contents), which
+    # `program_key` hashes: remembered per program, a warm run need not rebuild the program's call graph.
+    _FACTS = "\0program-facts"
+
+    def facts_for(self, program_key: str) -> str | None:
+        memo = self.entries.get(self._FACTS)
+        value = memo.get(program_key) if isinstance(memo, dict) else None
+        return value if isinstance(value, str) else None
+
+    def remember_facts(self, program_key: str, facts_key: str) -> None:
+        memo = self.entries.get(self._FACTS)
+        if not isinstance(memo, dict) or len(memo) > 16:
+            memo = {}
+        if memo.get(program_key) != facts_key:
+            memo[program_key] = facts_key
+            self.entries[self._FACTS] = memo
+            self.dirty = True
+
     def put(self, file_key: str, content_hash: str, facts_key: str, program_key: str | None,
             diagnostics: list[Diagnostic]) -> None:
         self.entries[file_key] = {"content": content_hash, "facts": facts_key, "program": program_key,

@@ -21,23 +21,43 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from gpulint import __version__
-from gpulint.cache import CACHE_DIR_NAME
-from gpulint.config import OUTPUT_FORMATS, ConfigError, Layer, Resolver, Settings
-from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
-from gpulint.discovery import discover, link_problem
-from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
-from gpulint.engine import RuleCrash, lint_text
-from gpulint.fixer import fix_text
-from gpulint.registry import SelectorError
-from gpulint.reporters import (
-    MACHINE_FORMATS, Writer, render_concise, render_diff, render_fixed, render_full, render_github, render_json,
-    render_json_lines, render_sarif, render_statistics, render_summary, use_color,
-)
-from gpulint.reporters.text import render_remaining_hint
-from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
-from gpulint.runner import RunResult, display_path, run, write_fixed
-from gpulint.source import SourceError, read_source, write_source_atomically
-from gpulint.suppressions import IGNORE_NOQA_ENV, UNUSED_CODE, add_noqa
+
+# Start-up: only what parsing the command line needs is imported here; libcst, the rules, the config and the
+# reporters are imported by `_load()` when a command runs (`gpulint --version` and `--help` import none of them).
+OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
+MACHINE_FORMATS = ("json", "json-lines", "github", "sarif")
+
+
+class _NotLoaded(Exception):
+    """Stands in for the error classes of modules not imported yet (nothing can raise them before then)."""
+
+
+SelectorError = ConfigError = BaselineError = _NotLoaded
+
+
+def _load() -> None:
+    """Import what the commands need, once, into this module's namespace."""
+    if "run" in globals():
+        return
+    from gpulint.cache import CACHE_DIR_NAME
+    from gpulint.config import ConfigError, Layer, Resolver, Settings
+    from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
+    from gpulint.discovery import discover, link_problem
+    from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
+    from gpulint.engine import RuleCrash, lint_text
+    from gpulint.fixer import fix_text
+    from gpulint.registry import SelectorError
+    from gpulint.reporters import (
+        Writer, render_concise, render_diff, render_fixed, render_full, render_github, render_json,
+        render_json_lines, render_sarif, render_statistics, render_summary, use_color,
+    )
+    from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
+    from gpulint.reporters.text import render_remaining_hint
+    from gpulint.runner import RunResult, display_path, run, write_fixed
+    from gpulint.source import SourceError, read_source, write_source_atomically
+    from gpulint.suppressions import IGNORE_NOQA_ENV, UNUSED_CODE, add_noqa
+
+    globals().update({name: value for name, value in locals().items() if not name.startswith("_")})
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 PROGRESS_MIN_FILES = 20  # a progress bar only for runs at least this long, and only on a terminal
@@ -173,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as exit_:  # argparse: --help, --version, usage errors
             return int(exit_.code or 0)
+        _load()
         if args.command == "rules":
             return _rules(args)
         if args.command == "rule":
@@ -199,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - a gpulint bug: one line and exit 2, never a traceback with exit 1
         if os.environ.get("GPULINT_DEBUG"):
             raise
-        print(f"gpulint: internal error: {type(error).__name__}: {' '.join(str(error).split())[:500]} "
+        print(f"gpulint: error: internal error: {type(error).__name__}: {' '.join(str(error).split())[:500]} "
               f"(set GPULINT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_ERROR
 
@@ -430,8 +451,9 @@ def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy",
     if not codes:
         return dry
     if importlib.util.find_spec("torch") is None:
-        print("gpulint: torch is not installed, so the fixes were not verified at run time "
-              "(pip install 'gpulint[verify]', or --no-verify to silence this)", file=sys.stderr)
+        print("gpulint: torch is not installed, so the fixes were not verified at run time (the CPU build is "
+              "enough: pip install torch --index-url https://download.pytorch.org/whl/cpu; in a pre-commit hook see "
+              "the README; --no-verify silences this)", file=sys.stderr)
         return dry
     files, sites, fixed = _rewritten_sites(dry, checked)
     with tempfile.TemporaryDirectory(prefix="gpulint-verify-") as scratch:

@@ -29,12 +29,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from gpulint.cli import OUTPUT_FORMATS  # one list for the command line and the config (cli imports no config)
 from gpulint.discovery import DEFAULT_EXCLUDES
 from gpulint.registry import META_CODES, all_rules, matches
 from gpulint.rule import Rule
 
 CONFIG_FILES = (".gpulint.toml", "gpulint.toml", "pyproject.toml")
-OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
 # Meta codes a user may select or ignore like a rule (the others are always on).
 SELECTABLE_META = {"GPU902": META_CODES.get("GPU902", "unused-noqa")}
 

@@ -197,7 +197,8 @@ def run(
     settings = _Settings(fix, write, min_safety, can_fix)
     cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
     program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in program_files))
-    facts_key = digest(program.summary())
+    remembered = cache.facts_for(program_key) if cache is not None else None
+    facts_key = remembered or digest(program.summary())
     pending: list[_Task] = []
     for task in tasks:
         cached = cache.get(_file_key(task), content_hash(task.source.raw), facts_key, program_key) if cache else None
@@ -207,6 +208,10 @@ def run(
             reports.append(FileReport(task.shown, cached, original=task.source.text))
             if progress:
                 progress(task.shown)
+    if pending and remembered is not None:
+        program.summary()  # the call graph is built here, once, before any worker starts
+    if cache is not None:
+        cache.remember_facts(program_key, facts_key)
     errors: list[str] = []
     for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate):
         if isinstance(outcome, str):

@@ -9,8 +9,7 @@ from gpulint.reporters.text import (
     unified_diff, use_color,
 )
 
-FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
-MACHINE_FORMATS = ("json", "json-lines", "github", "sarif")
+from gpulint.cli import MACHINE_FORMATS, OUTPUT_FORMATS as FORMATS  # noqa: E402
 
 __all__ = [
     "FORMATS", "MACHINE_FORMATS", "Writer", "render_concise", "render_diff", "render_fixed", "render_full",
