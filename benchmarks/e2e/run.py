@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import filecmp
 import json
 import math
 import os
@@ -79,7 +80,7 @@ def prepare(names: list[str], work: Path, fixed_dir: Path | None) -> dict[str, d
             check = gpulint("check", "--isolated", "--output-format", "concise", fixed.name, cwd=fixed.parent)
             record["findings"] = check.stdout
             result = gpulint("fix", "--isolated", "--apply", "--unsafe-fixes", fixed.name, cwd=fixed.parent)
-            if result.returncode not in (0, 1):
+            if result.returncode not in (0, 1) or filecmp.cmp(original, fixed, shallow=False):
                 raise SystemExit(f"gpulint fix failed on {name}:\n{result.stdout}\n{result.stderr}")
             record["fix_output"] = result.stdout + result.stderr
         record["diff"] = subprocess.run(["diff", "-u", str(original), str(fixed)], capture_output=True,
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, record in info.items():
                 shutil.copy(record["fixed"], args.save_fixed / f"{name}.py")
                 (args.save_fixed / f"{name}.diff").write_text(record["diff"])
-                (args.save_fixed / f"{name}.findings.txt").write_text(record["findings"])
+                (args.save_fixed / f"{name}.findings.txt").write_text(record["findings"] + record.get("fix_output", ""))
         variants = ("original", "fixed", "hand")
         times = {n: {v: [] for v in variants} for n in names}
         losses = {n: {v: [] for v in variants} for n in names}
