@@ -321,18 +321,22 @@ class DataloaderNoPinMemory(Rule):
         device = self._device_variable()
         if device is not None:
             value, imports = f'{device}.type == "cuda"', ()  # follows the script's own device choice
-        elif self.ctx.program.maybe_cuda_evidence or _PICKS_DEVICE.search(self.ctx.module.code):
+        elif self.ctx.program.maybe_cuda_evidence or _PICKS_DEVICE.search(self._source()):
             value, imports = self.ctx.spell("torch.cuda.is_available")
             value += "()"
         else:
             value, imports = "True", ()
         self.report(node, replacement=add_keyword(node, "pin_memory", value), imports=imports)
 
+    def _source(self) -> str:
+        """The file's text as read (regenerating the module per DataLoader would be quadratic)."""
+        return self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code
+
     def _device_variable(self) -> str | None:
         """The script's device variable at the loader: a name bound to `torch.device(...)` in the enclosing
         function (or at module level, not shadowed by a parameter), when the script picks its device at run
         time (`--device`, `torch.cuda.is_available()`)."""
-        if not _PICKS_DEVICE.search(self.ctx.module.code):
+        if not _PICKS_DEVICE.search(self._source()):
             return None
         function = self.ctx.enclosing(cst.FunctionDef)
         scopes = [function] if isinstance(function, cst.FunctionDef) else []

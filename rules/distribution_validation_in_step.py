@@ -147,6 +147,10 @@ class DistributionValidationInStep(Rule):
         compare=("logp", "ent"),
     )
 
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        super().__init__(ctx)
+        self._switched_off: bool | None = None
+
     def visit_Call(self, node: cst.Call) -> None:
         qual = self.ctx.analysis.call_qualname(node) or ""
         parts = qual.split(".")
@@ -158,8 +162,10 @@ class DistributionValidationInStep(Rule):
             return  # chosen explicitly, or passed through **kwargs
         if self.ctx.hot_kind() not in _PER_STEP or self.ctx.in_test_code():
             return
-        if _GLOBAL_OFF.search(self.ctx.module.code) or any(
-                _GLOBAL_OFF.search(text) for text in self.ctx.program.sources.values()):
+        if self._switched_off is None:  # once per file: the program's texts as read
+            self._switched_off = any(_GLOBAL_OFF.search(text) for text in self.ctx.program.sources.values()) \
+                or bool(_GLOBAL_OFF.search(self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code))
+        if self._switched_off:
             return
         if not self.ctx.targets_cuda():
             return

@@ -402,7 +402,7 @@ class NoAutocast(Rule):
         not shadowed by a parameter), else `torch.device(device).type` (right for a string and a
         `torch.device` alike). The region is then enabled on CUDA only, so a CPU run keeps its fp32 numerics
         and speed. `"cuda"` for a script that only runs on CUDA or names no device variable (`.cuda()`)."""
-        if not _PICKS_DEVICE.search(self.ctx.module.code):
+        if not _PICKS_DEVICE.search(self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code):
             return '"cuda"', ()
         scope = self._scope_of(region)
         for node in walk(region, into_functions=False):
