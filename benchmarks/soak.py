@@ -37,9 +37,12 @@ HEADER = "import torch\ny = x.to('cuda')\n"  # makes the rules (and so libcst) l
 GOOD = "import torch\nfor x, y in loader:\n    x = x.to('cuda')\n    x.sum().backward()\n    opt.step()\n"
 
 
-def gpulint(*args: str, cwd: Path, timeout: float = 3600) -> subprocess.CompletedProcess:
+ENV = {**os.environ, "NO_COLOR": "1"}
+
+
+def gpulint(*args: str, cwd: Path, timeout: float = 7200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpulint", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
+                          timeout=timeout, env=ENV)
 
 
 def generate(folder: Path, count: int, real: list[Path], rng: random.Random) -> Counter:
@@ -142,7 +145,10 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--file-timeout", type=float, default=60.0,
+                        help="gpulint's time limit per file for these runs (GPULINT_FILE_TIMEOUT; default 60 s)")
     args = parser.parse_args()
+    ENV["GPULINT_FILE_TIMEOUT"] = str(args.file_timeout)
     rng = random.Random(args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpulint-soak-"))
     if work.exists():
@@ -182,6 +188,9 @@ def main() -> int:
         problems.append(f"findings of {path} differ: alone {before}, beside hostile files {after}")
     hostile_codes = Counter(item[0] for p, items in everything.items() if p.startswith("hostile/") for item in items)
     print("  findings on hostile files by code: " + ", ".join(f"{c} {n}" for c, n in sorted(hostile_codes.items())))
+    reasons = Counter(_reason(item[3]) for p, items in everything.items() if p.startswith("hostile/")
+                      for item in items if item[0] in ("GPU900", "GPU901"))
+    print("  GPU900/GPU901 by reason: " + "; ".join(f"{r} {n}" for r, n in reasons.most_common()))
 
     # fix --apply on a copy: nothing damaged
     fixed_tree = work / "fixed"
@@ -217,7 +226,8 @@ def main() -> int:
         shutil.copytree(base, tree, symlinks=True)
         process = subprocess.Popen([sys.executable, "-m", "gpulint", "fix", "--apply", "--no-verify", "real",
                                     "hostile", "--select", "ALL", "--unsafe-fixes", "--no-cache", "--isolated",
-                                    "-j", "2"], cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    "-j", "2"], cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   env=ENV)
         time.sleep(rng.uniform(2.0, max(3.0, mixed_time * 0.8)))
         children = _children(process.pid)
         process.send_signal(signal.SIGKILL)
@@ -238,6 +248,14 @@ def main() -> int:
     for problem in problems:
         print(f"  problem: {problem}")
     return 0 if not problems else 1
+
+
+def _reason(message: str) -> str:
+    for key in ("crashed", "still running", "over gpulint's limit", "nested parentheses", "RecursionError",
+                "MemoryError", "NUL", "UTF-8", "declares", "encoding", "symbolic link", "libcst", "SyntaxError"):
+        if key in message:
+            return key
+    return message[:40]
 
 
 def _children(pid: int) -> set[int]:
