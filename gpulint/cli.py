@@ -53,7 +53,7 @@ def _load() -> None:
     )
     from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
     from gpulint.reporters.text import render_remaining_hint
-    from gpulint.runner import RunResult, display_path, run, write_fixed
+    from gpulint.runner import RunResult, call_isolated, display_path, run, write_fixed
     from gpulint.source import SourceError, read_source, write_source_atomically
     from gpulint.suppressions import IGNORE_NOQA_ENV, UNUSED_CODE, add_noqa
 
@@ -737,8 +737,13 @@ def _lint_stdin(args: argparse.Namespace, resolver: Resolver, mode: _Mode, fmt: 
     policy = _Policy({name: settings}, settings)
     try:
         if mode.fix:
-            outcome = fix_text(text, name, rules, min_safety=Safety.UNSAFE, rule_options=settings.options,
-                               can_fix=policy.can_fix)
+            done, outcome = call_isolated(lambda: fix_text(text, name, rules, min_safety=Safety.UNSAFE,
+                                                           rule_options=settings.options, can_fix=policy.can_fix),
+                                          name, text)
+            if not done:  # the parser crashed on this input: reported, nothing fixed
+                from gpulint.fixer import FixOutcome
+
+                outcome = FixOutcome(text, [], [outcome])
             diagnostics = [d for d in outcome.remaining if policy.keep(d)]
             changed = outcome.changed and outcome.text != text
             if mode.write:
@@ -760,8 +765,9 @@ def _lint_stdin(args: argparse.Namespace, resolver: Resolver, mode: _Mode, fmt: 
             if mode.fix_only:
                 return EXIT_CLEAN
             return EXIT_FINDINGS if diagnostics or (changed and not mode.write) else EXIT_CLEAN
-        diagnostics = [d for d in lint_text(text, name, rules, rule_options=settings.options).diagnostics
-                       if policy.keep(d)]
+        done, found = call_isolated(lambda: lint_text(text, name, rules, rule_options=settings.options).diagnostics,
+                                    name, text)
+        diagnostics = [d for d in (found if done else [found]) if policy.keep(d)]
     except RuleCrash as crash:
         print(f"gpulint: error: {crash}", file=sys.stderr)
         return EXIT_ERROR

@@ -363,6 +363,51 @@ def die_with_parent() -> None:
         pass
 
 
+def call_isolated(function: Callable[[], Any], path: str, text: str) -> tuple[bool, Any]:
+    """`function()` in a forked child (Linux; in-process elsewhere): (True, its result) or, when the child died
+    (a crash of the native parser), (False, the diagnostic that reports it: GPU900 where CPython rejects `text`
+    too, else GPU901). The result must pickle."""
+    if not _CAN_FORK or os.environ.get("GPULINT_NO_ISOLATION", "") not in ("", "0"):
+        return True, function()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            os.close(read_end)
+            die_with_parent()
+            data = pickle.dumps(function(), protocol=pickle.HIGHEST_PROTOCOL)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_end, view):]
+        except BaseException:  # noqa: BLE001 - re-raised in the parent by running the function there
+            status = 3
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    with os.fdopen(read_end, "rb") as pipe:
+        while chunk := pipe.read(1 << 20):
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return True, pickle.loads(b"".join(chunks))
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
+        return True, function()  # a Python exception: raise it here, where the caller handles it
+    rejected = python_syntax_error(text, path)
+    if rejected is not None:
+        return False, syntax_error_diagnostic(path, rejected)
+    signal_number = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    how = f"signal {signal.Signals(signal_number).name}" if signal_number in signal.valid_signals() \
+        else f"exit status {os.WEXITSTATUS(status)}"
+    return False, _io_error(path, f"gpulint's parser crashed on this file ({how}); not checked")
+
+
 class _Worker:
     def __init__(self, pool: "_Isolated") -> None:
         task_read, task_write = os.pipe()

@@ -73,6 +73,14 @@ def test_fix_apply_survives_a_crashing_file(tmp_path):
     assert (tmp_path / "crash.py").read_text() == SEGFAULTS_LIBCST
 
 
+def test_a_crashing_input_on_stdin_is_reported(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpulint", "check", "-", "--output-format", "concise"], input=SEGFAULTS_LIBCST,
+        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    _no_traceback(result)
+    assert result.returncode == 1 and "-:1:1: GPU901 gpulint's parser crashed" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (NESTED_BRACKETS, "SyntaxError: too many nested parentheses"),
     (NESTED_CALLS, "SyntaxError: too many nested parentheses"),
