@@ -246,10 +246,11 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
 
 
 # Work per step: the precision rules offer TF32 / bf16 autocast where the matrix work of one kernel is large
-# enough for tensor-core math to pay for its casts and launches. Measured on an H100 (torch 2.11,
-# benchmarks/e2e/precision_sweep.py and the catalog): bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100
-# (~2.5e7 multiply-adds per GEMM) and for an LSTM of hidden size 1024 at 20 rows per time step (~8e7), and
-# faster from about 2.7e8 per GEMM up (a 256-wide transformer on 4,096 rows: 4096 x 256 x 1024 = 1.1e9).
+# enough for tensor-core math to pay for its casts and launches. Measured on an H100 (torch 2.11, the catalog):
+# bf16 autocast was slower than fp32 for a 784-500-10 MLP at batch 100 (~2.5e7 multiply-adds per GEMM) and for an
+# LSTM of hidden size 1024 at 20 rows per time step (~8e7). The threshold, 2.7e8, sits above those; the e2e
+# self-play trainer (512 x 43 tokens x 256, ~1.4e9) got TF32 + bf16 from it. Not yet measured point by point:
+# benchmarks/e2e/precision_sweep.py times the MLP step across this range and should confirm or move it.
 WORK_PAYS = 1 << 28  # multiply-adds of the largest GEMM / convolution of one step
 _CONV_POSITIONS = 16 * 16  # spatial positions assumed per image when no image size is written
 _CONV_DEFAULT_WIDTH = 64
@@ -272,7 +273,7 @@ class Work(NamedTuple):
     def explain(self) -> str:
         verdict = "enough" if self.pays else "too little"
         return (f"estimated work per kernel: {self.basis} = {self.macs:.1e} multiply-adds, {verdict} for "
-                f"tensor-core math to pay on an H100 (threshold {WORK_PAYS:.1e}, measured)")
+                f"tensor-core math to pay on an H100 (threshold {WORK_PAYS:.1e})")
 
 
 def work_per_step(texts: dict[str, str]) -> Work | None:

@@ -54,8 +54,8 @@ class NoAutocast(Rule):
     L, d))`; the batch alone for recurrent layers, which run one time step per kernel; batch times 16x16
     assumed positions for convolutions) times the widths either side of the largest GEMM or convolution.
     Measured on an H100, bf16 autocast was slower than fp32 up to about 1e8 multiply-adds per kernel (a
-    784-500-10 MLP at batch 100, an LSTM of hidden size 1024 at 20 rows per time step) and faster from about
-    2.7e8 (a 256-wide transformer encoder on 4,096 rows); the finding's note gives the estimate. Where no
+    784-500-10 MLP at batch 100, an LSTM of hidden size 1024 at 20 rows per time step); the rule offers it
+    from 2.7e8 (a 256-wide transformer encoder on 4,096 rows is 1.1e9); the finding's note gives the estimate. Where no
     batch size or width is written, it falls back to widths: a literal width or width setting above 256, or
     a torchvision/timm/transformers model. fp64 code, code with custom CUDA/Triton kernels and test files are
     skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
