@@ -143,6 +143,9 @@ def main() -> int:
     parser.add_argument("real", nargs="+", type=Path)
     parser.add_argument("--generated", type=int, default=10_000)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=1000,
+                        help="hostile files per run (each run also holds every real file); program-level analyses "
+                             "make one 10,000-file program slow, and real projects are smaller")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--file-timeout", type=float, default=60.0,
@@ -167,83 +170,106 @@ def main() -> int:
     print("  kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     problems: list[str] = []
     common = ["--select", "ALL", "--output-format", "json", "--no-cache", "--isolated"]
-
     started = time.monotonic()
     alone = gpulint("check", "real", *common, cwd=base)
     no_traceback("check real/", alone, problems)
-    alone_time = time.monotonic() - started
-    started = time.monotonic()
-    mixed = gpulint("check", "real", "hostile", *common, cwd=base)
-    no_traceback("check real/ hostile/", mixed, problems)
-    mixed_time = time.monotonic() - started
-    real_alone, everything = findings(alone.stdout), findings(mixed.stdout)
-    real_mixed = {p: f for p, f in everything.items() if p.startswith("real/")}
-    lost = {p: (real_alone.get(p), real_mixed.get(p)) for p in set(real_alone) | set(real_mixed)
-            if real_alone.get(p) != real_mixed.get(p)}
+    real_alone = findings(alone.stdout)
     print(f"  check real/: {sum(map(len, real_alone.values()))} findings in {len(real_alone)} files, "
-          f"{alone_time:.0f} s, exit {alone.returncode}")
-    print(f"  check real/ hostile/: {sum(map(len, everything.values()))} findings, {mixed_time:.0f} s, "
-          f"exit {mixed.returncode}; healthy files whose findings differ: {len(lost)}")
-    for path, (before, after) in list(lost.items())[:5]:
-        problems.append(f"findings of {path} differ: alone {before}, beside hostile files {after}")
-    hostile_codes = Counter(item[0] for p, items in everything.items() if p.startswith("hostile/") for item in items)
-    print("  findings on hostile files by code: " + ", ".join(f"{c} {n}" for c, n in sorted(hostile_codes.items())))
-    reasons = Counter(_reason(item[3]) for p, items in everything.items() if p.startswith("hostile/")
-                      for item in items if item[0] in ("GPU900", "GPU901"))
-    print("  GPU900/GPU901 by reason: " + "; ".join(f"{r} {n}" for r, n in reasons.most_common()))
-
-    # fix --apply on a copy: nothing damaged
-    fixed_tree = work / "fixed"
-    shutil.copytree(base, fixed_tree, symlinks=True)
-    before = snapshot(fixed_tree)
-    started = time.monotonic()
-    fix = gpulint("fix", "--apply", "--no-verify", "real", "hostile", "--select", "ALL", "--unsafe-fixes",
-                  "--no-cache", "--isolated", "--output-format", "concise", cwd=fixed_tree)
-    no_traceback("fix --apply", fix, problems)
-    after = snapshot(fixed_tree)
-    changed = [k for k in before if before[k] != after.get(k)]
-    broken = []
-    for key in changed:
-        value = after.get(key)
-        if not isinstance(value, bytes):
-            broken.append(f"{key}: link replaced")
-            continue
-        try:
-            compile(value, key, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-            broken.append(f"{key}: {type(error).__name__}")
-    links_kept = all(str(after.get(f"hostile/{name}", "")).startswith("-> ")
-                     for name in ("link_loop.py", "link_dangling.py", "link_to_fixable.py"))
-    print(f"  fix --apply: {len(changed)} files changed in {time.monotonic() - started:.0f} s, exit "
-          f"{fix.returncode}; changed files that no longer compile: {len(broken)}; symlinks kept: {links_kept}")
-    problems.extend(f"fix damaged {b}" for b in broken[:10])
-    if not links_kept:
-        problems.append("a symlink was replaced by fix --apply")
-
-    # interrupted fix runs: every file is the original or the fully fixed version
-    for kill in range(args.kills):
-        tree = work / f"killed{kill}"
-        shutil.copytree(base, tree, symlinks=True)
-        process = subprocess.Popen([sys.executable, "-m", "gpulint", "fix", "--apply", "--no-verify", "real",
-                                    "hostile", "--select", "ALL", "--unsafe-fixes", "--no-cache", "--isolated",
-                                    "-j", "2"], cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   env=ENV)
-        time.sleep(rng.uniform(2.0, max(3.0, mixed_time * 0.8)))
-        children = _children(process.pid)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        state = snapshot(tree)
-        time.sleep(2.0)
-        later = snapshot(tree)
-        survivors = [pid for pid in children if _alive(pid)]
-        odd = [k for k in before if state.get(k) not in (before[k], after.get(k))]
-        written_after = [k for k in state if state[k] != later.get(k)]
-        print(f"  kill -9 #{kill + 1}: {sum(state.get(k) != before[k] for k in before)} files fixed before the kill, "
-              f"files neither original nor fully fixed: {len(odd)}, written after the kill: {len(written_after)}, "
-              f"workers left: {len(survivors)} of {len(children)}")
-        if odd or written_after or survivors:
-            problems.append(f"kill #{kill + 1}: odd {odd[:3]}, written after {written_after[:3]}, workers {survivors}")
+          f"{time.monotonic() - started:.0f} s, exit {alone.returncode}")
+    hostile = sorted(p.name for p in (base / "hostile").iterdir())
+    batches = [hostile[i:i + args.batch] for i in range(0, len(hostile), args.batch)]
+    totals: Counter = Counter()
+    reasons: Counter = Counter()
+    for number, names in enumerate(batches):
+        tree = work / f"batch{number}"
+        (tree / "hostile").mkdir(parents=True)
+        shutil.copytree(real_root, tree / "real")
+        for name in names:
+            source = base / "hostile" / name
+            target = tree / "hostile" / name
+            if source.is_symlink():
+                target.symlink_to(os.readlink(source))
+            elif name in ("valid_fixable_link_target.py", "hardlink_to_fixable.py"):
+                shutil.copy2(source, target)
+            else:
+                shutil.copy2(source, target)
+        if "hardlink_to_fixable.py" in names and "valid_fixable_link_target.py" in names:
+            (tree / "hostile" / "hardlink_to_fixable.py").unlink()
+            os.link(tree / "hostile" / "valid_fixable_link_target.py", tree / "hostile" / "hardlink_to_fixable.py")
+        started = time.monotonic()
+        mixed = gpulint("check", "real", "hostile", *common, cwd=tree)
+        no_traceback(f"batch {number}: check", mixed, problems)
+        everything = findings(mixed.stdout)
+        real_mixed = {p: f for p, f in everything.items() if p.startswith("real/")}
+        lost = {p: (real_alone.get(p), real_mixed.get(p)) for p in set(real_alone) | set(real_mixed)
+                if real_alone.get(p) != real_mixed.get(p)}
+        for path, (before_, after_) in list(lost.items())[:3]:
+            problems.append(f"batch {number}: findings of {path} differ: alone {before_}, beside hostile {after_}")
+        for path, items in everything.items():
+            if path.startswith("hostile/"):
+                totals.update(item[0] for item in items)
+                reasons.update(_reason(item[3]) for item in items if item[0] in ("GPU900", "GPU901"))
+        check_time = time.monotonic() - started
+        # fix --apply on the batch: nothing damaged, links kept (the real files are fixed too: a copy)
+        before = snapshot(tree)
+        started = time.monotonic()
+        fix = gpulint("fix", "--apply", "--no-verify", "real", "hostile", "--select", "ALL", "--unsafe-fixes",
+                      "--no-cache", "--isolated", "--output-format", "concise", cwd=tree)
+        no_traceback(f"batch {number}: fix --apply", fix, problems)
+        after = snapshot(tree)
+        changed = [k for k in before if before[k] != after.get(k)]
+        broken = []
+        for key in changed:
+            value = after.get(key)
+            if not isinstance(value, bytes):
+                broken.append(f"{key}: link replaced")
+                continue
+            try:
+                compile(value, key, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+                broken.append(f"{key}: {type(error).__name__}")
+        links = [k for k, v in before.items() if isinstance(v, str)]
+        links_kept = all(isinstance(after.get(k), str) for k in links)
+        print(f"  batch {number}: {len(names)} hostile files beside the real ones: check {check_time:.0f} s, exit "
+              f"{mixed.returncode}, healthy files whose findings differ: {len(lost)}; fix --apply {len(changed)} "
+              f"files changed in {time.monotonic() - started:.0f} s, exit {fix.returncode}, changed files that no "
+              f"longer compile: {len(broken)}, symlinks kept: {links_kept} ({len(links)})")
+        problems.extend(f"batch {number}: fix damaged {b}" for b in broken[:10])
+        if not links_kept:
+            problems.append(f"batch {number}: a symlink was replaced by fix --apply")
+        # interrupted fix runs on the first batches: every file is the original or the fully fixed version
+        if number < args.kills:
+            killed = work / f"killed{number}"
+            shutil.copytree(tree, killed, symlinks=True)
+            for key, value in before.items():  # back to the unfixed files
+                path = killed / key
+                if isinstance(value, bytes):
+                    path.write_bytes(value)
+            kill_before = snapshot(killed)
+            process = subprocess.Popen([sys.executable, "-m", "gpulint", "fix", "--apply", "--no-verify", "real",
+                                        "hostile", "--select", "ALL", "--unsafe-fixes", "--no-cache", "--isolated",
+                                        "-j", "2"], cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       env=ENV)
+            time.sleep(rng.uniform(2.0, max(3.0, check_time * 0.8)))
+            children = _children(process.pid)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            state = snapshot(killed)
+            time.sleep(2.0)
+            later = snapshot(killed)
+            survivors = [pid for pid in children if _alive(pid)]
+            odd = [k for k in kill_before if state.get(k) not in (before.get(k), after.get(k))]
+            written_after = [k for k in state if state[k] != later.get(k)]
+            print(f"  kill -9 during batch {number}'s fix: {sum(state.get(k) != kill_before[k] for k in kill_before)} "
+                  f"files fixed before the kill, neither original nor fully fixed: {len(odd)}, written after the "
+                  f"kill: {len(written_after)}, workers left: {len(survivors)} of {len(children)}")
+            if odd or written_after or survivors:
+                problems.append(f"kill {number}: odd {odd[:3]}, written after {written_after[:3]}, "
+                                f"workers {survivors}")
+            shutil.rmtree(killed)
         shutil.rmtree(tree)
+    print("  findings on hostile files by code: " + ", ".join(f"{c} {n}" for c, n in sorted(totals.items())))
+    print("  GPU900/GPU901 by reason: " + "; ".join(f"{r} {n}" for r, n in reasons.most_common()))
     print(f"soak: {'OK' if not problems else 'FAILED'}")
     for problem in problems:
         print(f"  problem: {problem}")
