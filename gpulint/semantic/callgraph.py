@@ -316,6 +316,9 @@ class CallGraph:
                 self._classes.setdefault(name, []).append((path, name))
         self.frequency: dict[tuple[str, str], Frequency] = {}
         self._resolved: dict[tuple[str, str, tuple[str, ...]], list[tuple[str, str]]] = {}
+        self._env_steps = [(path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
+                           if fn.class_name and vocab.ENV_CLASS.search(fn.class_name)
+                           and fn.name in vocab.ENV_STEP_METHODS]
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
         self._propagate()
 
@@ -413,12 +416,7 @@ class CallGraph:
 
     def _env_methods(self) -> list[tuple[str, str]]:
         """The step methods of the program's environment classes and wrappers (what `env.step(a)` runs)."""
-        if not hasattr(self, "_env_cache"):
-            self._env_cache = [(path, key) for path, summary in self.files.items()
-                               for key, fn in summary.functions.items()
-                               if fn.class_name and vocab.ENV_CLASS.search(fn.class_name)
-                               and fn.name in vocab.ENV_STEP_METHODS]
-        return self._env_cache
+        return self._env_steps
 
     # -- propagation -----------------------------------------------------------------------------
 
