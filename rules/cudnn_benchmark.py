@@ -27,11 +27,12 @@ _SEQUENCE_CONV = re.compile(r"\bConv(Transpose)?1d\(|\bconv(_transpose)?1d\(")
 class CudnnBenchmark(Rule):
     """
     ## What it does
-    Two cases. A convolutional network trained on CUDA whose program never sets
-    `torch.backends.cudnn.benchmark` (suggest `True`, reported once per file at the training loop); and
-    `torch.backends.cudnn.benchmark = True` in a program whose convolution inputs vary from batch to batch
-    (sequences padded per batch with `pad_sequence`, in a program with a 1-d convolution over them), where it
-    should be `False`. Padded sequences that only feed RNNs or transformers (`pack_padded_sequence`, a
+    Finds `torch.backends.cudnn.benchmark` left unset in a CUDA convolutional network, or set to `True` where
+    the convolution input shapes vary from batch to batch. The two cases: a convolutional network trained on CUDA
+    whose program never sets `torch.backends.cudnn.benchmark` (suggest `True`, reported once per file at the
+    training loop); and `torch.backends.cudnn.benchmark = True` in a program whose convolution inputs vary from
+    batch to batch (sequences padded per batch with `pad_sequence`, in a program with a 1-d convolution over
+    them), where it should be `False`. Padded sequences that only feed RNNs or transformers (`pack_padded_sequence`, a
     program whose convs are image convs) do not count: they never reach a cuDNN convolution.
     Deterministic setups (`cudnn.deterministic`, `use_deterministic_algorithms`) are left alone.
 

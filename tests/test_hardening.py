@@ -512,6 +512,18 @@ def test_rules_table_has_a_legend(tmp_path):
     assert "[*]" in result.stdout and "safe fix" in result.stdout and "[!]" in result.stdout
 
 
+def test_every_rule_summary_is_a_real_sentence():
+    """`gpulint rules` shows the first sentence of "What it does": it must say what the rule finds on its own
+    (GPU033's was "Two cases.")."""
+    from gpulint.docs import all_infos
+
+    for info in all_infos():
+        if info.code.startswith("GPU9"):
+            continue
+        assert len(info.summary.split()) >= 6 and info.summary.endswith("."), (info.code, info.summary)
+        assert "cases" not in info.summary.split()[:3], (info.code, info.summary)
+
+
 def test_every_check_option_has_help():
     from gpulint.cli import build_parser
 
