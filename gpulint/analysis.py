@@ -201,7 +201,8 @@ class BindingKind(str, enum.Enum):
     UNPACK = "unpack"  # a, b = value  (value is the whole right-hand side)
     FOR = "for"  # for name in value  (value is the iterable)
     PARAM = "param"
-    OTHER = "other"  # with-as, import, augassign, walrus, except-as, ...
+    AUGMENT = "augment"  # name += value  (value is the right-hand side)
+    OTHER = "other"  # with-as, import, walrus, except-as, ...
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,7 @@ class _Region:
     env_step: bool = False  # `env.step(...)`, `game.play(...)` directly inside
     network_call: bool = False  # `model(x)`, `self.net(x)`, `net.predict(x)` directly inside
     function_name: str = ""  # the enclosing function's name ("" at module level)
+    loop_key: str = ""  # "<function key>#loop<n>": the call graph's name for this loop
     parent_loop: "_Region | None" = None  # the loop around this one in the same function
 
     @property
@@ -456,6 +458,7 @@ class _PrePass(cst.CSTVisitor):
         self.counter = 0
         self.regions: list[_Region] = []
         self.region_stack: list[_Region | None] = []  # None: a class or lambda body, which ends a region
+        self.loop_counts: dict[str, int] = {}  # function key -> loops seen in it so far
 
     # the stack of ancestors doubles as the order counter for statements
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -480,6 +483,10 @@ class _PrePass(cst.CSTVisitor):
                 enclosing = self.region_stack[-1] if self.region_stack else None
                 if enclosing is not None and isinstance(enclosing.node, (cst.For, cst.While)):
                     region.parent_loop = enclosing
+                function_key = ".".join(self.def_names) or "<module>"
+                index = self.loop_counts.get(function_key, 0)
+                self.loop_counts[function_key] = index + 1
+                region.loop_key = f"{function_key}#loop{index}"
             self.regions.append(region)
             self.region_stack.append(region)
         elif kind in _BARRIER_TYPES:
@@ -615,7 +622,7 @@ class _PrePass(cst.CSTVisitor):
             self._bind_target(node.target, node.value, BindingKind.ASSIGN)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind_target(node.target, None, BindingKind.OTHER)
+        self._bind_target(node.target, node.value, BindingKind.AUGMENT)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind_target(node.target, node.value, BindingKind.ASSIGN)
@@ -758,11 +765,12 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         loop = region.node
         if not isinstance(loop, (cst.For, cst.While)) or _runs_once(loop):
             continue
-        if region.any_marker or region.called & step_functions:
+        resolved = called.get(region.loop_key)  # what the loop's calls resolve to across the program
+        if region.any_marker or region.called & step_functions or resolved is Frequency.PER_STEP:
             a.hot.setdefault(id(loop), HotKind.STEP_LOOP)
         elif region.env_step or (
-                (region.network_call or region.called & rollout_functions) and not _iterates_loader(loop)
-                and not vocab.EVAL_FUNCTION.match(region.function_name)):
+                (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
+                and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)
         elif _in_update_loop(region, trainers):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)  # many iterations per update: `for step in range(n_steps)`

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, is_numeric_literal, method_name
+from gpulint.analysis import call_arg, is_numeric_literal, method_name
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import (
     DEVICE,
@@ -15,6 +15,7 @@ from gpulint.semantic.placement import (
     Placement,
     amortised,
     collective_only,
+    last_name,
 )
 
 _FROM_HOST = {"from_numpy"}
@@ -23,6 +24,8 @@ _TENSOR_CONSTRUCTORS = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor
 # Methods between the host tensor and the move that keep it a host tensor: `from_numpy(a).float().to(D)`.
 _HOST_CHAIN = {"float", "double", "half", "bfloat16", "long", "int", "bool", "byte", "view", "reshape", "unsqueeze",
                "squeeze", "permute", "transpose", "contiguous", "flatten", "type", "t", "clone", "detach"}
+# Functions that gather a Python sequence of tensors into one (on the device of the pieces).
+_GATHERS = {"stack", "cat", "concat", "concatenate", "vstack", "hstack"}
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
 
@@ -35,8 +38,8 @@ class HostDataToDevicePerStep(Rule):
     tensor once instead. Not reported: code in `if step % N == 0:` blocks (evaluation, sampling, logging every
     N steps), and a tensor whose only uses are `torch.distributed` collectives and reading the result back
     (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`, `bool(t.item())`): NCCL needs the value on
-    the device to agree across ranks. A blocking `.to(device)` of such data is left to GPU011 (which adds
-    `non_blocking=True`); this rule reports it once that is done, as the copy is still made every step.
+    the device to agree across ranks. GPU011 may also report a blocking copy of such data; its
+    `non_blocking=True` does not help here, since a copy from freshly allocated pageable memory cannot overlap.
 
     ## Why is this slow
     Each call allocates a tensor in pageable host memory and copies it to the GPU; the copy from pageable
@@ -196,9 +199,6 @@ class HostDataToDevicePerStep(Rule):
         if isinstance(data, (cst.List, cst.Tuple)) and not data.elements:
             return  # an empty tensor copies nothing
         constant = data is not None and is_numeric_literal(data)
-        if source is not node and not constant and call_arg(node, "non_blocking") is None \
-                and self.ctx.evidence.is_cpu_source(node.func.value):  # type: ignore[attr-defined]
-            return  # GPU011 reports this blocking copy with its fix; this rule's advice follows once it is fixed
         if constant and not isinstance(data, (cst.List, cst.Tuple)) or data is not None and _python_scalar(data):
             self.report(node, "Python scalar built into a tensor on the host and copied to the GPU every step: "
                               "`torch.full((), value, device=...)` makes it on the GPU without a copy")
@@ -206,6 +206,11 @@ class HostDataToDevicePerStep(Rule):
         if constant:
             self.report(node, "Constant tensor rebuilt from Python data and copied to the GPU every step: create it "
                               "once (before the loop, or `self.register_buffer(...)` in a module)")
+            return
+        if call_arg(node, "non_blocking") is not None:
+            self.report(node, "Host data turned into a GPU tensor every step: `non_blocking=True` cannot overlap a copy "
+                              "from freshly allocated pageable memory; copy through a pinned staging buffer, or "
+                              "produce the data on the GPU")
             return
         self.report(node, "Host data turned into a GPU tensor every step: a blocking pageable copy per call; use a "
                           "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU")
@@ -237,9 +242,26 @@ class HostDataToDevicePerStep(Rule):
         last = qual[len("torch."):]
         if last in _FROM_HOST:
             return node
+        if last in _GATHERS and node.args and self._gathered_on_host(node.args[0].value):
+            return node
         if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None:
             return node
         return None
+
+    def _gathered_on_host(self, sequence: cst.BaseExpression) -> bool:
+        """`torch.stack([torch.tensor(r) for r in rows])`, `torch.cat([from_numpy(a), from_numpy(b)])`: pieces
+        collected in Python each step, built on the host or not known to be on the device (moving the result
+        to the device says the author expects host data)."""
+        if isinstance(sequence, (cst.ListComp, cst.GeneratorExp)):
+            pieces = [sequence.elt]
+        elif isinstance(sequence, (cst.List, cst.Tuple)) and sequence.elements:
+            pieces = [element.value for element in sequence.elements]
+            if not all(isinstance(piece, cst.Call) and self._host_constructor(piece) for piece in pieces):
+                return False  # named tensors: where they live is the caller's business
+        else:
+            return False
+        placement = Placement(self.ctx)
+        return all(placement.of(piece) is not DEVICE for piece in pieces)
 
     def _moves_to_device(self, node: cst.Call, name: str) -> bool:
         if name == "cuda":
@@ -253,7 +275,7 @@ class HostDataToDevicePerStep(Rule):
             return True
         if kind in (HOST, TENSOR):
             return False
-        return bool(_DEVICE_NAME.search(dotted_name(node) or ""))
+        return bool(_DEVICE_NAME.search(last_name(node) or ""))
 
 
 def _python_scalar(node: cst.BaseExpression) -> bool:

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, walk
+from gpulint.analysis import BindingKind, HotKind, call_arg, dotted_name, method_name, walk
 from gpulint.rule import RuleContext
 from gpulint.semantic.placement import (
     HOST,
@@ -17,7 +17,7 @@ from gpulint.semantic.placement import (
     last_name,
     on_error_path,
 )
-from gpulint.semantic.vocab import SYNCHRONIZE_CALLS
+from gpulint.semantic.vocab import ENV_METHODS, SYNCHRONIZE_CALLS
 
 
 def _unconditional(block: cst.BaseSuite) -> list[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
@@ -79,6 +79,13 @@ def collective_read_back(ctx: RuleContext, value: cst.BaseExpression) -> bool:
 
 _LOG_RECEIVERS = re.compile(r"^(logging|logger|log|_logger|LOGGER|_LOGGER|LOG)$")
 _ENV_NAME = re.compile(r"env", re.I)
+_ACTING_METHODS = frozenset({"step", "step_async", *ENV_METHODS})
+
+
+def _acts_in_environment(call: cst.Call) -> bool:
+    """`envs.step(actions)`, `self.venv.step_async(actions)`, `game.play(move)`."""
+    return method_name(call) in _ACTING_METHODS and isinstance(call.func, cst.Attribute) \
+        and bool(_ENV_NAME.search(last_name(call.func.value) or ""))
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log"}
 
 
@@ -140,7 +147,7 @@ class HostSyncInHotLoop(Rule):
     severity = Severity.WARNING
     priority = "P1"
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
-                ".format(", "log", "add_scalar", "numpy(")
+                ".format(", "log", "add_scalar", "numpy(", "math.")
     examples = [
         Valid(  # Python numbers and NumPy values are not syncs
             """
@@ -363,8 +370,8 @@ class HostSyncInHotLoop(Rule):
         if loop is not None and self._synchronizes_every_iteration(loop):
             return None  # the host already waits for the GPU each iteration: this read adds no wait
         if kind is not None:
-            if self.ctx.in_no_grad_function():
-                return Severity.INFO
+            if self.ctx.in_no_grad_function() and kind is not HotKind.ROLLOUT:
+                return Severity.INFO  # an evaluation function; inference per move or per simulation is the hot path
             if loop is not None and id(loop) not in self.ctx.analysis.hot and (
                     isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter)
                     or self.ctx.inside_with("torch.no_grad", "torch.inference_mode")):
@@ -409,8 +416,7 @@ class HostSyncInHotLoop(Rule):
         acting in a host-side simulator."""
         statement = None
         for node in reversed(self.ctx.ancestors):
-            if isinstance(node, cst.Call) and method_name(node) == "step" and _ENV_NAME.search(
-                    last_name(node.func.value) or ""):  # type: ignore[union-attr]
+            if isinstance(node, cst.Call) and _acts_in_environment(node):
                 return True
             if isinstance(node, cst.SimpleStatementLine):
                 statement = node
@@ -421,7 +427,7 @@ class HostSyncInHotLoop(Rule):
         scope = self._innermost_loop() or next(
             (n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), self.ctx.module)
         for call in calls_of(scope):
-            if method_name(call) == "step" and _ENV_NAME.search(last_name(call.func.value) or ""):  # type: ignore
+            if _acts_in_environment(call):
                 if any(isinstance(n, cst.Name) and n.value in names for a in call.args for n in walk(a.value)):
                     return True
         return False
@@ -438,6 +444,11 @@ class HostSyncInHotLoop(Rule):
                               "small policies consider acting on the CPU, or a GPU-vectorised environment",
                         severity=Severity.INFO)
             return
+        if severity is Severity.WARNING and self.ctx.hot_kind() is HotKind.ROLLOUT:
+            self.report(node, f"{what} in a rollout or search step: the host waits for the GPU every move or "
+                              "simulation; read the outputs back in one copy, evaluate many positions per call, "
+                              "or run a small network on the CPU", severity=severity)
+            return
         suffix = " (inside an evaluation block: informational)" if severity is Severity.INFO else ""
         self.report(node, f"{what}: reads a GPU value on the host and waits for all queued GPU work; accumulate "
                           f"on the device and read it every N steps{suffix}", severity=severity)
@@ -450,7 +461,11 @@ class HostSyncInHotLoop(Rule):
         name = method_name(node)
         func = node.func
         candidates: list[tuple[cst.CSTNode, str]] = []
-        if name is not None and isinstance(func, cst.Attribute):
+        qual = self.ctx.qualname(func) or ""
+        if qual.startswith("math.") and len(node.args) == 1 and not node.args[0].star:
+            # `math.sqrt(t)` converts a tensor to a Python float first
+            candidates.append((node, node.args[0].value, f"`{qual}(tensor)`"))  # type: ignore[arg-type]
+        elif name is not None and isinstance(func, cst.Attribute):
             if name in ("item", "tolist", "cpu") and not node.args:
                 candidates.append((node, func.value, f"`.{name}()`"))  # type: ignore[arg-type]
             elif name == "numpy" and any(a.keyword and a.keyword.value == "force" and

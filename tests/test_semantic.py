@@ -22,7 +22,7 @@ _EXPECT = re.compile(r"#\s*(frequency|hot):\s*([\w-]+)")
 
 
 def _sources(program: Path) -> dict[str, str]:
-    return {path.relative_to(program).as_posix(): path.read_text() for path in sorted(program.glob("*.py"))}
+    return {path.relative_to(program).as_posix(): path.read_text() for path in sorted(program.rglob("*.py"))}
 
 
 def _function_keys(text: str) -> dict[int, str]:
@@ -113,3 +113,29 @@ def test_tensor_proven_by_use() -> None:
 
 def test_rollout_loop_kind_is_hot_kind() -> None:
     assert HotKind.ROLLOUT.value == "rollout" and HotKind.CALLEE.value == "called-per-step"
+
+
+def test_loop_keys_agree_between_the_call_graph_and_the_per_file_analysis() -> None:
+    """Loops are named `<function>#loop<n>` by both passes, also after a `match` and inside nested functions."""
+    text = ("def search(state, evaluate):\n"
+            "    match state:\n"
+            "        case 0:\n"
+            "            for i in range(3):\n"
+            "                pass\n"
+            "    def inner():\n"
+            "        for j in range(2):\n"
+            "            pass\n"
+            "    for _ in range(50):\n"
+            "        evaluate(state)\n"
+            "\n"
+            "def play(net, state):\n"
+            "    return net(state)\n"
+            "\n"
+            "def main(net, state):\n"
+            "    search(state, evaluate=play)\n")
+    graph = CallGraph({"s.py": text})
+    assert graph.by_file()["s.py"]["search#loop1"] is Frequency.PER_ROLLOUT_STEP
+    module = cst.parse_module(text)
+    analysis = analyze(module, None, ProgramFacts(sources={"s.py": text}).calls_for("s.py"))
+    loops = [node for node in _walk(module) if isinstance(node, cst.For)]
+    assert [analysis.hot.get(id(loop)) for loop in loops] == [None, None, HotKind.ROLLOUT]

@@ -54,6 +54,10 @@ class ProgramCalls:
     trainer_names: frozenset[str]  # functions that train when called (a step or a whole step loop)
 
 
+# methods that return their receiver (a module moved or switched mode is the same object)
+_KEEPS_RECEIVER = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "double", "bfloat16",
+                             "requires_grad_", "share_memory"})
+
 # names too common to mark a loop by: `model.train()`, `scheduler.step()`, `runner.run()`
 _AMBIGUOUS_STEP_NAMES = frozenset({"step", "train", "eval", "run", "forward", "__call__"})
 
@@ -64,6 +68,7 @@ class CallSite:
     frequency: Frequency  # how often it runs within its own function
     throttled: bool  # under a throttling `if`
     loops: tuple[int, ...]  # ids of the loops around it in its function, outermost first
+    passed: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, name) of plain-name arguments
 
     @property
     def loop(self) -> int:
@@ -81,6 +86,8 @@ class FunctionSummary:
     env_at_top: bool = False  # an environment step outside its own loops: one call is one rollout step
     network_at_top: bool = False  # evaluates a network outside its own loops (`play_move(net, state)`)
     has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
+    params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
+    loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
 
 
 @dataclass
@@ -89,7 +96,7 @@ class FileSummary:
     functions: dict[str, FunctionSummary] = field(default_factory=dict)
     imports: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)  # local -> (level, module, name)
     classes: dict[str, list[str]] = field(default_factory=dict)  # class -> base names (last parts)
-    instances: dict[str, str] = field(default_factory=dict)  # name or self.attr -> class built into it
+    instances: dict[str, list[str]] = field(default_factory=dict)  # name or self.attr -> classes built into it
     compiled: set[str] = field(default_factory=set)  # names passed to torch.compile
     loader_loops: set[int] = field(default_factory=set)  # ids of loops over a data loader (evaluation, epochs)
 
@@ -177,10 +184,14 @@ class _Summariser:
         if isinstance(node, _LOOPS):
             self._scan_expressions([node.iter if not isinstance(node, ast.While) else node.test], fn, loops, throttled)
             inner = [*loops, (self._loop_frequency(node, fn), id(node))]
+            fn.loops.append(id(node))
             fn.has_step_loop |= inner[-1][0] is Frequency.PER_STEP
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
-            self._visit_block(node.body, fn, inner, throttled, owner)
+            # a training-step loop runs step by step even when an `if` decides when the update phase starts
+            # (`if games_since_ckpt >= games_per_ckpt: while steps < target: ... loss.backward()`)
+            body_throttled = throttled and inner[-1][0] is not Frequency.PER_STEP
+            self._visit_block(node.body, fn, inner, body_throttled, owner)
             self._visit_block(node.orelse, fn, loops, throttled, owner)
             return
         if isinstance(node, ast.If):
@@ -199,6 +210,11 @@ class _Summariser:
                 self._visit_block(handler.body, fn, loops, True, owner)  # error path: runs when something fails
             self._visit_block(node.orelse, fn, loops, throttled, owner)  # type: ignore[attr-defined]
             self._visit_block(node.finalbody, fn, loops, throttled, owner)  # type: ignore[attr-defined]
+            return
+        if type(node).__name__ == "Match":  # loops in its cases count in source order, as libcst sees them
+            self._scan_expressions([node.subject], fn, loops, throttled)  # type: ignore[attr-defined]
+            for case in node.cases:  # type: ignore[attr-defined]
+                self._visit_block(case.body, fn, loops, throttled, owner)
             return
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
@@ -221,19 +237,23 @@ class _Summariser:
                 target = ("self", parts[1])
             else:
                 target = ("attr", ".".join(parts[:-1]), parts[-1])
-            fn.sites.append(CallSite(target, frequency, throttled, loop_ids))
+            passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
+                (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
+            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
                 elif vocab.is_env_step(dotted):
                     fn.env_at_top = True
-                elif vocab.is_network_call(dotted) and not vocab.EVAL_FUNCTION.match(fn.name):
+                elif vocab.is_network_call(dotted):
                     fn.network_at_top = True
 
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, owner: tuple[str, ...]) -> None:
         key = ".".join((*owner, node.name))
         class_name = owner[-1] if owner and owner[-1] in self.file.classes else None
-        summary = FunctionSummary(key, class_name, node.name)
+        arguments = node.args
+        params = tuple(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
+        summary = FunctionSummary(key, class_name, node.name, params=params)
         if class_name is not None and node.name in ("forward", "training_step") and self._is_module(class_name):
             summary.seed = Frequency.PER_STEP
         for decorator in node.decorator_list:
@@ -258,14 +278,22 @@ class _Summariser:
             self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
 
     def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
-        built = vocab.last_part(_dotted(node.value.func))  # type: ignore[union-attr]
+        value = node.value
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in _KEEPS_RECEIVER:
+            value = value.func.value  # `Agent(...).to(device)` is still the Agent
+        if not isinstance(value, ast.Call):
+            return
+        built = vocab.last_part(_dotted(value.func))
         if not built or not built[0].isupper():
             return
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             name = _dotted(target)
             if name is not None:
-                self.file.instances[name] = built
+                classes = self.file.instances.setdefault(name, [])
+                if built not in classes:  # `if acktr: self.opt = KFAC(...) else: self.opt = optim.RMSprop(...)`
+                    classes.append(built)
 
 
 @lru_cache(maxsize=4096)
@@ -317,9 +345,13 @@ class CallGraph:
         self.frequency: dict[tuple[str, str], Frequency] = {}
         self._resolved: dict[tuple[str, str, tuple[str, ...]], list[tuple[str, str]]] = {}
         self._env_steps = [(path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
-                           if fn.class_name and vocab.ENV_CLASS.search(fn.class_name)
-                           and fn.name in vocab.ENV_STEP_METHODS]
+                           if fn.class_name and fn.name in vocab.ENV_STEP_METHODS
+                           and any(vocab.ENV_CLASS.search(name)
+                                   for name in (fn.class_name, *summary.classes.get(fn.class_name, [])))]
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
+        self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        self._passed_in = self._functions_passed_in()
+        self._resolved.clear()  # resolutions made before the passed-in functions were known
         self._propagate()
 
     # -- resolution ------------------------------------------------------------------------------
@@ -335,8 +367,18 @@ class CallGraph:
                 if found is not None:
                     return found
             return None
-        found = self._by_module.get(module, [])
-        return found[0] if len(found) == 1 else None
+        return self._nearest(here, self._by_module.get(module, []))
+
+    @staticmethod
+    def _nearest(here: str, candidates: list[str]) -> str | None:
+        """The one of several same-named files or classes an import in `here` means: Python puts a script's own
+        folder first on the path, so a copy beside the importer wins (`naive/train.py` importing `Agent` gets
+        `naive/Agent.py`, not the top-level `Agent.py`); else the only one."""
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        folder = PurePosixPath(os.path.normpath(here.replace("\\", "/"))).parent
+        beside = [c for c in candidates if PurePosixPath(os.path.normpath(c.replace("\\", "/"))).parent == folder]
+        return beside[0] if len(beside) == 1 else None
 
     def _function_in(self, path: str | None, name: str, depth: int = 0) -> list[tuple[str, str]]:
         """(path, key) of `name` defined at the top of `path`, following re-exports (`from .x import f`)."""
@@ -359,7 +401,12 @@ class CallGraph:
         if path in places:
             places = [path]  # the class of the same file
         elif len(places) > 1:
-            return []  # several classes of that name elsewhere: do not guess
+            summary = self.files[path]
+            imported = summary.imports.get(class_name)
+            origin = self._module_file(path, imported[0], imported[1]) if imported else self._nearest(path, places)
+            if origin not in places:
+                return []  # several classes of that name elsewhere: do not guess
+            places = [origin]
         for class_path in places:
             summary = self.files[class_path]
             key = f"{class_name}.{method}"
@@ -383,12 +430,17 @@ class CallGraph:
         kind = target[0]
         if kind == "name":
             name = target[1]
-            local = f"{fn.key}.{name}"
-            if local in summary.functions:  # a nested helper
-                return [(path, local)]
+            scope = fn.key.split(".")
+            while scope:  # a nested helper, of this function or of one enclosing it
+                local = ".".join((*scope, name))
+                if local in summary.functions and local != fn.key:
+                    return [(path, local)]
+                scope.pop()
             found = self._function_in(path, name)
             if not found and name in summary.classes:  # constructing a program class runs its __init__
                 return self._method(path, name, "__init__")
+            if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
+                return self._passed_in.get((path, fn.key, name), [])
             return found
         if kind == "self":
             if fn.class_name is None:
@@ -404,15 +456,37 @@ class CallGraph:
             target_file = self._module_file(path, level, ".".join([base, *receiver.split(".")[1:]]))
             if target_file is not None:
                 return self._function_in(target_file, method)
-        built = summary.instances.get(receiver)
-        if built is not None:
+        for built in summary.instances.get(receiver, ()):
             found = self._method(path, built, method)
             if found:
                 return found
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
-        return candidates if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1 else []
+        if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1:
+            return candidates
+        nearest = self._nearest(path, sorted({p for p, _ in candidates}))
+        beside = [(p, k) for p, k in candidates if p == nearest]
+        return beside if len({k.rsplit('.', 1)[0] for _, k in beside}) == 1 else []
+
+    def _functions_passed_in(self) -> dict[tuple[str, str, str], list[tuple[str, str]]]:
+        """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
+        `mcts.search(root, eval_fn=evaluate)` makes `eval_fn(obs)` inside `search` a call of `evaluate`."""
+        passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    functions = {name: self._resolve(path, fn, ("name", name)) for _, name in site.passed}
+                    if not any(functions.values()):
+                        continue
+                    for callee_path, callee_key in self.resolve(path, fn, site.target):
+                        callee = self.files[callee_path].functions[callee_key]
+                        params = callee.params[1:] if callee.class_name and site.target[0] != "name" else callee.params
+                        for slot, name in site.passed:
+                            param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
+                            if isinstance(param, str) and functions[name]:
+                                passed_in.setdefault((callee_path, callee_key, param), []).extend(functions[name])
+        return passed_in
 
     def _env_methods(self) -> list[tuple[str, str]]:
         """The step methods of the program's environment classes and wrappers (what `env.step(a)` runs)."""
@@ -499,10 +573,26 @@ class CallGraph:
         return Frequency.PER_ITERATION
 
     def by_file(self) -> dict[str, dict[str, Frequency]]:
-        """path -> {function key -> frequency} for the functions that run more than once (from their callers)."""
+        """path -> {function key -> frequency} for the functions that run more than once (from their callers),
+        and {loop key -> frequency} for loops that are step or rollout loops by what their calls resolve to
+        (`for _ in range(sims): prior, value = evaluate(state)` with `evaluate` a network evaluation passed in).
+        A loop key is `<function key>#loop<n>`, n counting the function's loops in source order."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
+        step_functions = {(path, key) for path, summary in self.files.items()
+                          for key, fn in summary.functions.items() if fn.steps_at_top}
+        rollout_functions = {(path, key) for path, summary in self.files.items()
+                             for key, fn in summary.functions.items()
+                             if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                for index, loop in enumerate(fn.loops):
+                    frequency = max((self._site_frequency(path, fn, site, step_functions, rollout_functions)
+                                     for site in fn.sites if site.loop == loop and not site.throttled
+                                     and site.frequency is Frequency.PER_ITERATION), default=Frequency.ONCE)
+                    if frequency >= Frequency.PER_ROLLOUT_STEP:
+                        found.setdefault(path, {})[f"{fn.key}#loop{index}"] = frequency
         return found
 
     def step_names(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:

@@ -327,6 +327,9 @@ class Placement:
                     kinds.append(None)
             elif binding.kind is BindingKind.FOR:
                 kinds.append(self._for_target(binding))
+            elif binding.kind is BindingKind.AUGMENT:  # `total += t.sum()` makes a tensor of a Python number
+                kind = self.of(binding.value, depth + 1, binding.order)
+                kinds.append(kind if kind in (DEVICE, TENSOR, HOST) else None)
             else:
                 kinds.append(None)
         kind = combine_alternatives(kinds)
@@ -350,6 +353,11 @@ class Placement:
                 return NONTENSOR
             if func.endswith("enumerate") and binding.path[:1] == (0,):
                 return NONTENSOR
+            method = method_name(iterable)
+            if method in ("parameters", "buffers") and not binding.path:
+                return TENSOR  # a module's parameters: tensors wherever the module lives
+            if method in ("named_parameters", "named_buffers") and binding.path[:1] == (1,):
+                return TENSOR
         if self.ev._for_target_is_batch(binding):  # noqa: SLF001 - shared analysis helper
             return HOST
         return None
