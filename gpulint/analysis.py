@@ -427,6 +427,7 @@ class _Region:
     network_call: bool = False  # `model(x)`, `self.net(x)`, `net.predict(x)` directly inside
     function_name: str = ""  # the enclosing function's name ("" at module level)
     loop_key: str = ""  # "<function key>#loop<n>": the call graph's name for this loop
+    throttled: bool = False  # under an `if step % N == 0:` / `if log_now:` inside the enclosing loop or function
     parent_loop: "_Region | None" = None  # the loop around this one in the same function
 
     @property
@@ -483,6 +484,7 @@ class _PrePass(cst.CSTVisitor):
                 enclosing = self.region_stack[-1] if self.region_stack else None
                 if enclosing is not None and isinstance(enclosing.node, (cst.For, cst.While)):
                     region.parent_loop = enclosing
+                region.throttled = self._under_throttle()
                 function_key = ".".join(self.def_names) or "<module>"
                 index = self.loop_counts.get(function_key, 0)
                 self.loop_counts[function_key] = index + 1
@@ -495,6 +497,16 @@ class _PrePass(cst.CSTVisitor):
         if handler is _UNSET:
             handler = _PREPASS_VISIT[kind] = getattr(_PrePass, f"visit_{kind.__name__}", None)
         return handler is None or handler(self, node) is not False
+
+    def _under_throttle(self) -> bool:
+        """Is the node being visited inside a throttling `if` (every N steps, a log or eval flag, end of an
+        episode) that lies within the innermost enclosing loop or function?"""
+        for node in reversed(self.stack[:-1]):
+            if type(node) in _REGION_TYPES or type(node) in _BARRIER_TYPES:
+                return False
+            if isinstance(node, cst.If) and _throttling_test(node.test):
+                return True
+        return False
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         kind = type(original_node)
@@ -768,6 +780,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         resolved = called.get(region.loop_key)  # what the loop's calls resolve to across the program
         if region.any_marker or region.called & step_functions or resolved is Frequency.PER_STEP:
             a.hot.setdefault(id(loop), HotKind.STEP_LOOP)
+        elif region.throttled:
+            continue  # sampling or evaluating every N steps: not per step
         elif region.env_step or (
                 (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
                 and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)):
@@ -782,6 +796,13 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.CALLEE)
         elif frequency is Frequency.PER_ROLLOUT_STEP:
             a.hot.setdefault(id(fn), HotKind.ROLLOUT)
+
+
+def _throttling_test(test: cst.BaseExpression) -> bool:
+    names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
+    names |= {n.attr.value for n in walk(test) if isinstance(n, cst.Attribute)}
+    has_modulo = any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in walk(test))
+    return vocab.throttles(names, has_modulo)
 
 
 def _in_update_loop(region: _Region, trainers: frozenset[str]) -> bool:

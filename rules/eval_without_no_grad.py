@@ -371,18 +371,22 @@ class EvalWithoutNoGrad(Rule):
         calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
                  and not _under_grad_mode(self.ctx, flow, c, node)]
         body = self.ctx.code(node.body)
-        if not calls or _NEEDS_GRAD.search(body) or not _DATA_USE.search(body) or re.search(r"\blog_prob", body):
-            return  # no network, gradients needed, outputs kept with their graph (REINFORCE keeps log-probs)
+        if not calls or _NEEDS_GRAD.search(body) or re.search(r"\blog_prob", body):
+            return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
+        if not _DATA_USE.search(body) and not _outputs_consumed_here(node, calls):
+            return  # outputs may leave the function with their graph (returned, stored) and be trained on
         if self._called_under_no_grad(node.name.value):
             return
         self._reported_functions.add(id(node))
         spelled, imports = self.ctx.spell("torch.no_grad")
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
-        self.report(node.name, f"`{node.name.value}()` runs a network with autograd recording on every "
-                               "environment step or search simulation, then uses the output as data; acting needs "
-                               "no graph: decorate it with `@torch.no_grad()`",
-                    replacements=[(node, node.with_changes(decorators=[*node.decorators, decorator]))],
-                    imports=imports, safety=Safety.UNSAFE)
+        fix = [(node, node.with_changes(decorators=[*node.decorators, decorator]))]
+        for index, call in enumerate(calls):  # each evaluation is a graph built per step; one fix covers all
+            self.report(call, f"`{node.name.value}()` runs a network with autograd recording on every "
+                              "environment step or search simulation, then uses the output as data; acting needs "
+                              "no graph: decorate it with `@torch.no_grad()`",
+                        replacements=fix if index == 0 else (), imports=imports if index == 0 else (),
+                        safety=Safety.UNSAFE)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -397,6 +401,10 @@ class EvalWithoutNoGrad(Rule):
                 if _MODEL_NAME.search(name) or self.ctx.evidence.is_module(func) is not None:
                     yield node
                     continue
+            if isinstance(func, cst.Attribute) and _MODEL_NAME.search(func.attr.value) and isinstance(
+                    func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None:
+                yield node  # a network held by another object: `agent.prediction_model(state)`
+                continue
             if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_FORWARD and \
                     not func.attr.value.startswith(("register_", "named_", "load_", "set_", "_")) and \
                     any(a.keyword is None for a in node.args):
@@ -509,6 +517,45 @@ class EvalWithoutNoGrad(Rule):
                 if _inside_no_grad_block(lines, line_no):
                     return True
         return False
+
+
+def _outputs_consumed_here(function: cst.FunctionDef, calls: list[cst.Call]) -> bool:
+    """Are the network outputs (and values computed from them) only handed to other calls inside the function
+    (`state = net(obs)`, `tree.search(state)`), never returned, stored on an object or appended to a container?
+    Then their graphs die with the call, and recording them was wasted."""
+    assignments = [n for n in walk(function.body) if isinstance(n, cst.Assign)]
+    if not all(any(a.value is call for a in assignments) for call in calls):
+        return False  # an output used in place (`return net(x)`, `buf.append(net(x))`)
+    outputs: set[str] = set()
+    for _ in range(4):  # outputs, then names computed from them (`h = net(x)`, `out = head(h)`)
+        grown = False
+        for assign in assignments:
+            if assign.value in calls or _names(assign.value) & outputs and not _opaque_call(assign.value, outputs):
+                if any(not isinstance(t.target, (cst.Name, cst.Tuple, cst.List)) for t in assign.targets):
+                    return False  # `self.state = net(obs)`, `buf[i] = value`: kept
+                new = set().union(*(_names(t.target) for t in assign.targets)) - outputs
+                outputs |= new
+                grown |= bool(new)
+        if not grown:
+            break
+    for node in walk(function.body):
+        if isinstance(node, cst.Return) and node.value is not None and _names(node.value) & outputs:
+            return False
+        if isinstance(node, cst.Call) and method_name(node) in ("append", "extend", "insert", "add", "put") \
+                and any(_names(arg.value) & outputs for arg in node.args):
+            return False
+    return bool(outputs)
+
+
+def _opaque_call(value: cst.BaseExpression, outputs: set[str]) -> bool:
+    """A call of a program function given an output (`self.tree.run(n, state)`): what it returns is its own
+    business (a search returns visit counts), unlike torch ops and methods of the output itself."""
+    if not isinstance(value, cst.Call) or _names(value.func) & outputs:
+        return False
+    root = value.func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return not (isinstance(root, cst.Name) and root.value in ("torch", "F", "nn"))
 
 
 def _inside_no_grad_block(lines: list[str], line_no: int) -> bool:

@@ -6,7 +6,7 @@ from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.semantic.placement import TENSOR, Placement
+from gpulint.semantic.placement import TENSOR, Placement, amortised
 
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
@@ -178,8 +178,9 @@ class H2dCopyBlocking(Rule):
         name = method_name(node)
         if name not in ("to", "cuda") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
             return
-        if not self.ctx.in_hot_region() or is_test_path(self.ctx.path) or self.ctx.in_no_grad_function():
-            return  # an inference-only forward (`@torch.no_grad()`) is not a training step
+        if not self.ctx.in_hot_region() or is_test_path(self.ctx.path) or self.ctx.in_no_grad_function() \
+                or amortised(self.ctx):
+            return  # an inference-only forward (`@torch.no_grad()`), or a validation pass every N steps
         assert isinstance(node.func, cst.Attribute)
         evidence = self.ctx.evidence
         if not evidence.is_cpu_source(node.func.value):

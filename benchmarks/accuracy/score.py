@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 from collections import Counter, defaultdict
 from io import BytesIO
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 HERE = Path(__file__).resolve().parent
 LINE_TOLERANCE = 2
@@ -65,11 +65,12 @@ def mirror_of(mirrors: Path, repo: str, clone: bool) -> Path:
 
 
 def materialise(mirror: Path, commit: str, into: Path) -> None:
-    """Every Python file of the tree at `commit` (imports between files matter to the analysis; mirrors may
-    lack large binary files, which gpulint never reads)."""
+    """Every Python, config and requirement file of the tree at `commit` (imports between files matter to the
+    analysis, pinned torch versions to some rules; mirrors may lack large binary files, which gpulint never reads)."""
     listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "--name-only", commit], check=True,
                              capture_output=True, text=True).stdout.splitlines()
-    sources = [path for path in listing if path.endswith((".py", ".toml", ".cfg"))]
+    sources = [path for path in listing if path.endswith((".py", ".toml", ".cfg"))
+               or PurePosixPath(path).name.startswith("requirements") and path.endswith(".txt")]  # torch pins
     archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, "--", *sources],
                              check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:

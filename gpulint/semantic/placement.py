@@ -458,7 +458,11 @@ class Placement:
                 return NONTENSOR
             return NONTENSOR if self.of(receiver, depth + 1, before) in (DEVICE, TENSOR, HOST) else None
         if name in _HOST_METHODS:
-            return HOST if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
+            inner = self.of(receiver, depth + 1, before)
+            if inner in (HOST, DEVICE, TENSOR):
+                return HOST
+            # whatever it was, `.cpu()` leaves a tensor on the host (unless it moved a module)
+            return HOST if inner is None and name == "cpu" and not self.ev.is_module(receiver) else None
         if name == "cuda":
             return DEVICE if self.of(receiver, depth + 1, before) in (HOST, DEVICE, TENSOR) else None
         if name == "to":
