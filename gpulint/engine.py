@@ -31,6 +31,7 @@ class ProgramFacts:
     # the sources do not change during a run: each pattern is searched once, not once per call site
     _found: dict[tuple[str, int], list[tuple[str, re.Match[str]]]] = field(default_factory=dict, repr=False,
                                                                            compare=False)
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # the program's call graph, reduced to what files need (computed once, in the parent before workers start)
     _frequencies: dict[str, dict[str, Frequency]] | None = field(default=None, repr=False, compare=False)
@@ -63,6 +64,14 @@ class ProgramFacts:
             self._found[key] = [(path, match) for path, text in self.sources.items()
                                 for match in regex.finditer(text)]
         return self._found[key]
+
+    def derived(self, key: str, build: Callable[["ProgramFacts"], Any]) -> Any:
+        """A value computed once per run from the program's texts (an index of its definitions, ...), shared by
+        every file and call site. Like `search`, reading it makes the file's result depend on the program."""
+        self.searched = True
+        if key not in self._derived:
+            self._derived[key] = build(self)
+        return self._derived[key]
 
     @classmethod
     def of_single_file(cls, path: str, text: str, analysis: FileAnalysis) -> "ProgramFacts":

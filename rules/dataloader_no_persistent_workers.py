@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, method_name, walk
+from gpulint.analysis import BindingKind, dotted_name, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
 from gpulint.semantic.loaders import LoaderFlow, checkable_loader_call, int_literal, loader_arg
@@ -107,6 +109,58 @@ class DataloaderNoPersistentWorkers(Rule):
                 evaluate(model, loader)
             """
         ),
+        Valid(  # the worker count is a name bound to 0: no worker processes to keep alive
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            num_workers = 0
+            loader = DataLoader(train_set, batch_size=64, num_workers=num_workers)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """
+        ),
+        Valid(  # the same inside a function, through a second name
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def main(train_set, model, optimizer):
+                workers = None
+                n = workers
+                loader = DataLoader(train_set, batch_size=64, num_workers=n)
+                for epoch in range(10):
+                    for x, y in loader:
+                        model(x.cuda()).sum().backward()
+                        optimizer.step()
+            """
+        ),
+        Invalid(  # a name bound to 0 and, elsewhere, to a positive count: the workers may exist
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            num_workers = 0
+            if torch.cuda.is_available():
+                num_workers = 4
+            loader = DataLoader(train_set, batch_size=64, num_workers=num_workers)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            num_workers = 0
+            if torch.cuda.is_available():
+                num_workers = 4
+            loader = DataLoader(train_set, batch_size=64, num_workers=num_workers, persistent_workers=num_workers > 0)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -169,11 +223,15 @@ class DataloaderNoPersistentWorkers(Rule):
         options={"host_only": True},  # forked DataLoader workers cannot touch CUDA
     )
 
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        super().__init__(ctx)
+        self._loop_changes: dict[int, _LoopChanges] = {}
+
     def visit_Call(self, node: cst.Call) -> None:
         if not checkable_loader_call(self.ctx, node):
             return
         workers = loader_arg(node, "num_workers")
-        if workers is None or int_literal(workers.value) == 0 or _is_none(workers.value):
+        if workers is None or self._no_workers(workers.value):
             return
         if loader_arg(node, "persistent_workers") is not None or loader_arg(node, "worker_init_fn") is not None:
             return
@@ -181,7 +239,12 @@ class DataloaderNoPersistentWorkers(Rule):
             return  # `persistent_workers` arrived in torch 1.7
         flow = LoaderFlow.of(self.ctx.analysis)
         epoch_loop = flow.iterated_per_epoch(node)
-        if epoch_loop is None or _changes_dataset(epoch_loop, node):
+        if epoch_loop is None:
+            return
+        changes = self._loop_changes.get(id(epoch_loop))
+        if changes is None:
+            changes = self._loop_changes[id(epoch_loop)] = _LoopChanges.of(epoch_loop)
+        if changes.dataset_changed(node):
             return
         value = workers.value
         if self._positive(value):
@@ -195,6 +258,17 @@ class DataloaderNoPersistentWorkers(Rule):
         else:
             self.report(node, note="`num_workers` is computed by a call here; add `persistent_workers=True` "
                                    "where the worker count is known to be positive")
+
+    def _no_workers(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """`0`, `None`, or a name that is only ever bound to them (`num_workers = 0` ... `num_workers=num_workers`):
+        no worker processes, nothing to keep alive."""
+        if int_literal(node) == 0 or _is_none(node):
+            return True
+        if not isinstance(node, cst.Name) or depth > 3:
+            return False
+        bindings = self.ctx.analysis.bindings_of(node.value, LoaderFlow.of(self.ctx.analysis).ancestors(node))
+        return bool(bindings) and all(b.kind is BindingKind.ASSIGN and b.value is not None
+                                      and self._no_workers(b.value, depth + 1) for b in bindings)
 
     def _positive(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """Provably >= 1: a positive literal, `min` of positives, `max` with a positive, `cpu_count() or 1`."""
@@ -250,25 +324,39 @@ def _pure(node: cst.BaseExpression) -> bool:
     return False
 
 
-def _changes_dataset(epoch_loop: cst.CSTNode, call: cst.Call) -> bool:
-    """Does the epoch loop change the dataset object (not the sampler)? Persistent workers would not see it."""
-    dataset = loader_arg(call, "dataset")
-    dataset_name = dotted_name(dataset.value) if dataset is not None else None
-    for node in walk(epoch_loop, into_functions=False):
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            receiver = dotted_name(node.func.value) or ""
-            name = method_name(node) or ""
-            if "sampler" in receiver.lower():
-                continue
-            if name == "set_epoch":
-                return True
-            if name.startswith("set_") and (receiver == dataset_name or "dataset" in receiver.lower()):
-                return True
-        elif isinstance(node, (cst.Assign, cst.AugAssign)):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, cst.Attribute):
-                    receiver = dotted_name(target.value) or ""
-                    if receiver == dataset_name or receiver.endswith(".dataset") or receiver == "dataset":
-                        return True
-    return False
+@dataclass(frozen=True)
+class _LoopChanges:
+    """What an epoch loop does to objects, read once per loop (many loaders may share one loop)."""
+
+    set_epoch: bool  # `x.set_epoch(...)` on anything but a sampler
+    setter_receivers: frozenset[str]  # `x.set_*(...)`: x
+    assigned_receivers: frozenset[str]  # `x.attr = ...`: x
+
+    @classmethod
+    def of(cls, epoch_loop: cst.CSTNode) -> "_LoopChanges":
+        set_epoch, setters, assigned = False, set(), set()
+        for node in walk(epoch_loop, into_functions=False):
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                receiver = dotted_name(node.func.value) or ""
+                name = method_name(node) or ""
+                if "sampler" in receiver.lower():
+                    continue
+                if name == "set_epoch":
+                    set_epoch = True
+                elif name.startswith("set_"):
+                    setters.add(receiver)
+            elif isinstance(node, (cst.Assign, cst.AugAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                assigned.update(dotted_name(t.value) or "" for t in targets if isinstance(t, cst.Attribute))
+        return cls(set_epoch, frozenset(setters), frozenset(assigned))
+
+    def dataset_changed(self, call: cst.Call) -> bool:
+        """Does the loop change the dataset object of `call` (not the sampler)? Persistent workers would not
+        see it."""
+        if self.set_epoch:
+            return True
+        dataset = loader_arg(call, "dataset")
+        dataset_name = dotted_name(dataset.value) if dataset is not None else None
+        return any(receiver == dataset_name or "dataset" in receiver.lower() for receiver in self.setter_receivers) \
+            or any(receiver == dataset_name or receiver.endswith(".dataset") or receiver == "dataset"
+                   for receiver in self.assigned_receivers)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 
 import libcst as cst
 
@@ -290,7 +291,7 @@ class DataloaderNoPinMemory(Rule):
         if len([a for a in node.args if a.keyword is None]) > _PIN_MEMORY_POSITION:
             return  # pin_memory passed positionally
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
-                or self._file_moves_to_device() or self._escapes()):
+                or self._file_moves_to_device or self._escapes()):
             return  # a CPU-only consumer in this file (statistics, a test): pinning would not be used
         dataset = loader_arg(node, "dataset")
         if dataset is not None and self._yields_cuda(dataset.value):
@@ -321,7 +322,7 @@ class DataloaderNoPinMemory(Rule):
         device = self._device_variable()
         if device is not None:
             value, imports = f'{device}.type == "cuda"', ()  # follows the script's own device choice
-        elif self.ctx.program.maybe_cuda_evidence or _PICKS_DEVICE.search(self._source()):
+        elif self.ctx.program.maybe_cuda_evidence or self._picks_device:
             value, imports = self.ctx.spell("torch.cuda.is_available")
             value += "()"
         else:
@@ -332,27 +333,48 @@ class DataloaderNoPinMemory(Rule):
         """The file's text as read (regenerating the module per DataLoader would be quadratic)."""
         return self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code
 
-    def _device_variable(self) -> str | None:
-        """The script's device variable at the loader: a name bound to `torch.device(...)` in the enclosing
-        function (or at module level, not shadowed by a parameter), when the script picks its device at run
-        time (`--device`, `torch.cuda.is_available()`)."""
-        if not _PICKS_DEVICE.search(self._source()):
-            return None
-        function = self.ctx.enclosing(cst.FunctionDef)
-        scopes = [function] if isinstance(function, cst.FunctionDef) else []
-        params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)} \
-            if isinstance(function, cst.FunctionDef) else set()
-        scopes.append(self.ctx.module)
+    # Facts of the whole file, asked at every DataLoader: computed once per file (per call they were quadratic).
+
+    @cached_property
+    def _picks_device(self) -> bool:
+        """The script picks its device at run time (`--device`, `torch.cuda.is_available()`)."""
+        return bool(_PICKS_DEVICE.search(self._source()))
+
+    @cached_property
+    def _device_assignments(self) -> dict[int, list[str]]:
+        """id(scope) -> the names bound to `torch.device(...)` directly in that function (or the module), in
+        walk order."""
+        found: dict[int, list[str]] = {}
+        scopes = [self.ctx.module, *(fn for fns in self.ctx.analysis.functions.values() for fn in fns)]
         for scope in scopes:
+            names = found.setdefault(id(scope), [])
             for node in walk(scope, into_functions=False):
                 if isinstance(node, cst.Assign) and len(node.targets) == 1 \
                         and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Call) \
                         and self.ctx.qualname(node.value.func) == "torch.device":
-                    name = node.targets[0].target.value
-                    if scope is self.ctx.module and name in params:
-                        continue
-                    return name
-        return None
+                    names.append(node.targets[0].target.value)
+        return found
+
+    def _device_variable(self) -> str | None:
+        """The script's device variable at the loader: a name bound to `torch.device(...)` in the enclosing
+        function (or at module level, not shadowed by a parameter), when the script picks its device at run
+        time (`--device`, `torch.cuda.is_available()`)."""
+        if not self._picks_device:
+            return None
+        function = self.ctx.enclosing(cst.FunctionDef)
+        if isinstance(function, cst.FunctionDef):
+            local = self._device_assignments.get(id(function))
+            if local is None:  # a function the analysis does not list: look at it directly
+                local = [n.targets[0].target.value for n in walk(function, into_functions=False)
+                         if isinstance(n, cst.Assign) and len(n.targets) == 1
+                         and isinstance(n.targets[0].target, cst.Name) and isinstance(n.value, cst.Call)
+                         and self.ctx.qualname(n.value.func) == "torch.device"]
+            if local:
+                return local[0]
+            params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)}
+        else:
+            params = set()
+        return next((name for name in self._device_assignments[id(self.ctx.module)] if name not in params), None)
 
     def _read_once(self, node: cst.Call) -> bool:
         """The whole dataset in one batch (`batch_size=len(ds)`), or a loader only read by `next(iter(...))` at
@@ -370,6 +392,7 @@ class DataloaderNoPinMemory(Rule):
 
     # -- is the loader's output headed for the GPU? -------------------------------------------
 
+    @cached_property
     def _file_moves_to_device(self) -> bool:
         placement = Placement(self.ctx)
         for node in walk(self.ctx.module, into_functions=True):
@@ -465,7 +488,7 @@ class DataloaderNoPinMemory(Rule):
         for fn in self.ctx.analysis.functions.get(name, []):
             if _MOVES_TO_DEVICE.search(self.ctx.code(fn)):
                 return True
-        return bool(_program_block_moves(self.ctx, rf"def\s+{re.escape(name)}\s*\("))
+        return bool(_program_block_moves(self.ctx, "def", name))
 
     def _class_moves_to_device(self, func: cst.BaseExpression) -> bool:
         name = dotted_name(func)
@@ -475,7 +498,7 @@ class DataloaderNoPinMemory(Rule):
         info = self.ctx.analysis.classes.get(last)
         if info is not None:
             return bool(_MOVES_TO_DEVICE.search(self.ctx.code(info.node))) or _Collate(self.ctx).class_moves(info.node)
-        return bool(_program_block_moves(self.ctx, rf"class\s+{re.escape(last)}\b"))
+        return bool(_program_block_moves(self.ctx, "class", last))
 
 
 class _Collate:
@@ -526,7 +549,7 @@ class _Collate:
         info = self.a.classes.get(last)
         if info is not None:  # a collator object defined here: its `__call__`
             return self.class_moves(info.node, ("__call__",)) or bool(_MOVES_TO_DEVICE.search(self.ctx.code(info.node)))
-        return _program_block_moves(self.ctx, rf"class\s+{re.escape(last)}\b") if last else None
+        return _program_block_moves(self.ctx, "class", last) if last else None
 
     def _name(self, node: cst.Name, ancestors, depth: int) -> bool | None:  # noqa: ANN001
         qual = self.a.qualname(node) or node.value
@@ -542,7 +565,7 @@ class _Collate:
         if functions:
             return any(self._function_moves(fn, depth) for fn in functions)
         # imported from another file of the program
-        return _program_block_moves(self.ctx, rf"def\s+{re.escape(qual.rsplit('.', 1)[-1])}\s*\(")
+        return _program_block_moves(self.ctx, "def", qual.rsplit(".", 1)[-1])
 
     def _attribute(self, node: cst.Attribute, ancestors, depth: int) -> bool | None:  # noqa: ANN001
         qual = self.a.qualname(node) or ""
@@ -560,7 +583,7 @@ class _Collate:
                 if methods:
                     return any(self._function_moves(fn, depth) for fn in methods)
         # `dataset.collater`, `utils.collate_fn`: a method or function defined somewhere in the program
-        return _program_block_moves(self.ctx, rf"def\s+{re.escape(attr)}\s*\(")
+        return _program_block_moves(self.ctx, "def", attr)
 
     # -- does a body put tensors on a device? ------------------------------------------------
 
@@ -632,20 +655,43 @@ def _any_of(verdicts) -> bool | None:  # noqa: ANN001 - iterable of bool | None
     return result
 
 
-def _program_block_moves(ctx, header: str) -> bool | None:  # noqa: ANN001 - RuleContext
-    """Does the indented block starting at `header` in any file of the program move data to the GPU?
+# `def name(` / `class name` at the start of a line, in any file of the program
+_BLOCK_HEADER = re.compile(r"(?m)^(?P<indent>[ \t]*)(?P<kind>def|class)\s+(?P<name>\w+)(?P<call>\s*\()?")
+_CODE_LINE = re.compile(r"(?m)^(?P<i>[ \t]*)[^\s#]")
+
+
+class _ProgramBlocks:
+    """The `def` and `class` blocks of the program's files by (kind, name), and whether each moves data to the
+    GPU: one scan of the program per run, one answer per name (asking per call site rescanned the program)."""
+
+    def __init__(self, program) -> None:  # noqa: ANN001 - ProgramFacts
+        self.headers: dict[tuple[str, str], list[re.Match[str]]] = {}
+        for _, match in program.search(_BLOCK_HEADER):
+            if match.group("kind") == "class" or match.group("call"):
+                self.headers.setdefault((match.group("kind"), match.group("name")), []).append(match)
+        self.answers: dict[tuple[str, str], bool | None] = {}
+
+    def moves(self, kind: str, name: str) -> bool | None:
+        key = (kind, name)
+        if key not in self.answers:
+            matches = self.headers.get(key)
+            self.answers[key] = None if not matches else any(_block_moves(match) for match in matches)
+        return self.answers[key]
+
+
+def _block_moves(match: re.Match[str]) -> bool:
+    text = match.string
+    indent = len(match.group("indent"))
+    body = text.find("\n", match.end()) + 1 or len(text)
+    end = len(text)
+    for line in _CODE_LINE.finditer(text, body):
+        if len(line.group("i")) <= indent:
+            end = line.start()
+            break
+    return bool(_MOVES_TO_DEVICE.search(text, match.start(), end))
+
+
+def _program_block_moves(ctx, kind: str, name: str) -> bool | None:  # noqa: ANN001 - RuleContext
+    """Does the indented block of `def name(` / `class name` in any file of the program move data to the GPU?
     None when no file of the program has such a block."""
-    found = False
-    for _, match in ctx.program.search(rf"(?m)^(?P<indent>[ \t]*){header}"):
-        found = True
-        text = match.string
-        indent = len(match.group("indent"))
-        body = text.find("\n", match.end()) + 1 or len(text)
-        end = len(text)
-        for line in re.finditer(r"(?m)^(?P<i>[ \t]*)[^\s#]", text[body:]):
-            if len(line.group("i")) <= indent:
-                end = body + line.start()
-                break
-        if _MOVES_TO_DEVICE.search(text[match.start():end]):
-            return True
-    return False if found else None
+    return ctx.program.derived("GPU010 blocks", _ProgramBlocks).moves(kind, name)

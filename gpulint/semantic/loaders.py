@@ -79,11 +79,36 @@ class _Carriers:
     attrs: set[str] = field(default_factory=set)
     direct_loops: list[cst.CSTNode] = field(default_factory=list)  # `for b in DataLoader(...)`
     lightning_train: bool = False  # returned from `train_dataloader()`
+    added: list[tuple] = field(default_factory=list)  # every key above, in the order it was found (a work list)
+
+    def add_name(self, scope: int, name: str) -> bool:
+        if (scope, name) in self.names:
+            return False
+        self.names.add((scope, name))
+        self.added.append(("n", scope, name))
+        return True
+
+    def add_attr(self, attr: str) -> bool:
+        if attr in self.attrs:
+            return False
+        self.attrs.add(attr)
+        self.added.append(("a", attr))
+        return True
+
+
+def _called_name(call: cst.Call) -> str | None:
+    """`f` for `f(...)` and `obj.f(...)`."""
+    func = call.func
+    return func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
 
 
 class LoaderFlow(PerFileFacts):
     """Per-file facts to decide whether a DataLoader's batches reach the training step (catalog: "its batches
-    reach H") and whether it is iterated once per epoch. Purely syntactic, name-based, one file."""
+    reach H") and whether it is iterated once per epoch. Purely syntactic, name-based, one file.
+
+    Every question about one loader costs time in proportion to the places its value reaches, not to the
+    file: the assignments, call arguments, loops and `next()` calls of the file are indexed once by the names
+    they read (`_uses`), and calls by the name they call (`calls_to`)."""
 
     def __init__(self, analysis: FileAnalysis) -> None:
         super().__init__(analysis)
@@ -104,6 +129,8 @@ class LoaderFlow(PerFileFacts):
                 self.parents[id(child)] = node
                 stack.append(child)
         self._training: dict[int, bool] = {}
+        self._by_called: dict[str, list[cst.Call]] | None = None
+        self._use_index: dict[tuple, list[tuple]] | None = None
 
     # -- structure -------------------------------------------------------------------------
 
@@ -163,7 +190,65 @@ class LoaderFlow(PerFileFacts):
                 return self.a.hot.get(id(ancestor)) is HotKind.STEP_FUNCTION
         return False
 
+    def calls_to(self, name: str) -> list[cst.Call]:
+        """Calls of the file whose callee is named `name` (`name(...)` or `obj.name(...)`), in file order."""
+        if self._by_called is None:
+            self._by_called = {}
+            for site in self.calls:
+                called = _called_name(site)
+                if called is not None:
+                    self._by_called.setdefault(called, []).append(site)
+        return self._by_called.get(name, [])
+
     # -- where the loader goes ----------------------------------------------------------------
+
+    def _keys(self, node: cst.BaseExpression) -> list[tuple]:
+        """The carrier keys `_is_carrier` would test for `node`."""
+        keys = []
+        for inner in iterated_expressions(node):
+            inner = _strip_subscript(inner)
+            if isinstance(inner, cst.Name):
+                keys.append(("n", self.scope_of_use(inner.value, inner), inner.value))
+            elif isinstance(inner, cst.Attribute):
+                keys.append(("a", inner.attr.value))
+        return keys
+
+    def _uses(self) -> dict[tuple, list[tuple]]:
+        """Carrier key -> the places that read it: ("assign", statement), ("arg", call, arg), ("loop", index in
+        `loops`), ("next", index in `calls`). Built once per file, on the first loader question."""
+        if self._use_index is not None:
+            return self._use_index
+        index: dict[tuple, list[tuple]] = {}
+
+        def add(node: cst.BaseExpression, entry: tuple) -> None:
+            for key in self._keys(node):
+                index.setdefault(key, []).append(entry)
+
+        for assign in self.assigns:
+            value = assign.value
+            if value is None:
+                continue
+            add(value, ("assign", assign))
+            if isinstance(value, cst.Call) and isinstance(assign, cst.Assign):
+                for arg in value.args:
+                    if arg.keyword is None and not arg.star:
+                        add(arg.value, ("assign", assign))
+        for position, site in enumerate(self.calls):
+            for arg in site.args:
+                if not arg.star:
+                    add(arg.value, ("arg", site, arg))
+            if isinstance(site.func, cst.Name) and site.func.value == "next" and site.args:
+                add(site.args[0].value, ("next", position))
+        for position, loop in enumerate(self.loops):
+            if isinstance(loop, (cst.For, cst.CompFor)):
+                add(loop.iter, ("loop", position))
+        self._use_index = index
+        return index
+
+    def _read_by(self, carriers: _Carriers, kind: str) -> list[int]:
+        """Positions of the loops or `next()` calls that read one of the carriers, in file order."""
+        index = self._uses()
+        return sorted({entry[1] for key in carriers.added for entry in index.get(key, ()) if entry[0] == kind})
 
     def _is_carrier(self, node: cst.BaseExpression, carriers: _Carriers) -> bool:
         for inner in iterated_expressions(node):
@@ -176,15 +261,10 @@ class LoaderFlow(PerFileFacts):
 
     def _bind(self, target: cst.BaseExpression, carriers: _Carriers, at: cst.CSTNode) -> bool:
         if isinstance(target, cst.Name):
-            key = (self.scope_of_binding(target.value, at), target.value)
-            if key not in carriers.names:
-                carriers.names.add(key)
-                return True
-        elif isinstance(target, cst.Attribute):
-            if target.attr.value not in carriers.attrs:
-                carriers.attrs.add(target.attr.value)
-                return True
-        elif isinstance(target, cst.Subscript):
+            return carriers.add_name(self.scope_of_binding(target.value, at), target.value)
+        if isinstance(target, cst.Attribute):
+            return carriers.add_attr(target.attr.value)
+        if isinstance(target, cst.Subscript):
             return self._bind(_strip_subscript(target), carriers, at)
         return False
 
@@ -232,11 +312,8 @@ class LoaderFlow(PerFileFacts):
             name = function.name.value
             if name in ("train_dataloader",):
                 carriers.lightning_train = True
-            for site in self.calls:
-                func = site.func
-                called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(
-                    func, cst.Attribute) else None
-                if called == name and site is not call:
+            for site in self.calls_to(name):
+                if site is not call:
                     self._seed(site, carriers, depth + 1)
         elif isinstance(parent, cst.For) and parent.iter is node:
             carriers.direct_loops.append(parent)
@@ -281,53 +358,50 @@ class LoaderFlow(PerFileFacts):
     def _into_call(self, call: cst.Call, arg: cst.Arg, carriers: _Carriers) -> bool:
         changed = False
         for fn, param in self._params_for(call, arg):
-            key = (id(fn), param)
-            if key not in carriers.names:
-                carriers.names.add(key)
-                changed = True
+            changed |= carriers.add_name(id(fn), param)
         return changed
 
+    def _flow_through(self, assign: cst.CSTNode, carriers: _Carriers) -> None:
+        """An assignment that reads a carrier binds its targets (or, from a call, the matching tuple element)."""
+        value = assign.value
+        if self._is_carrier(value, carriers):
+            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+            for target in targets:
+                self._bind(target, carriers, assign)
+        elif isinstance(value, cst.Call) and isinstance(assign, cst.Assign):
+            # model, opt, loader = accelerator.prepare(model, opt, loader)
+            positional = [a for a in value.args if a.keyword is None and not a.star]
+            for target in assign.targets:
+                if isinstance(target.target, (cst.Tuple, cst.List)) and \
+                        len(target.target.elements) == len(positional) > 1:
+                    for element, arg in zip(target.target.elements, positional):
+                        if self._is_carrier(arg.value, carriers):
+                            self._bind(element.value, carriers, assign)
+
     def carriers(self, call: cst.Call) -> _Carriers:
+        """Every name and attribute the loader built by `call` flows into (through assignments, tuple unpacking
+        of a call's result and parameters of local functions), to a fixpoint. A work list of new keys visits
+        only the places that read them, so the cost follows the loader's reach, not the file's size."""
         carriers = _Carriers()
         self._seed(call, carriers)
-        for _ in range(6):  # propagate to a fixpoint (bounded)
-            changed = False
-            for assign in self.assigns:
-                value = assign.value
-                if value is None:
-                    continue
-                if self._is_carrier(value, carriers):
-                    targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
-                    for target in targets:
-                        changed |= self._bind(target, carriers, assign)
-                elif isinstance(value, cst.Call) and isinstance(assign, cst.Assign):
-                    # model, opt, loader = accelerator.prepare(model, opt, loader)
-                    positional = [a for a in value.args if a.keyword is None and not a.star]
-                    for target in assign.targets:
-                        if isinstance(target.target, (cst.Tuple, cst.List)) and \
-                                len(target.target.elements) == len(positional) > 1:
-                            for element, arg in zip(target.target.elements, positional):
-                                if self._is_carrier(arg.value, carriers):
-                                    changed |= self._bind(element.value, carriers, assign)
-            for site in self.calls:
-                for arg in site.args:
-                    if not arg.star and self._is_carrier(arg.value, carriers):
-                        changed |= self._into_call(site, arg, carriers)
-            if not changed:
-                break
+        uses = self._uses()
+        done = 0
+        while done < len(carriers.added):
+            key = carriers.added[done]
+            done += 1
+            for entry in uses.get(key, ()):
+                if entry[0] == "assign":
+                    self._flow_through(entry[1], carriers)
+                elif entry[0] == "arg":
+                    self._into_call(entry[1], entry[2], carriers)
         return carriers
 
     def iterating_loops(self, carriers: _Carriers) -> list[cst.CSTNode]:
-        loops = list(carriers.direct_loops)
-        for loop in self.loops:
-            if isinstance(loop, (cst.For, cst.CompFor)) and self._is_carrier(loop.iter, carriers):
-                loops.append(loop)
-        return loops
+        return list(carriers.direct_loops) + [self.loops[i] for i in self._read_by(carriers, "loop")]
 
     def next_calls(self, carriers: _Carriers) -> list[cst.Call]:
         """`next(it)` on an iterator of the loader."""
-        return [c for c in self.calls if isinstance(c.func, cst.Name) and c.func.value == "next" and c.args
-                and self._is_carrier(c.args[0].value, carriers)]
+        return [self.calls[i] for i in self._read_by(carriers, "next")]
 
     def reaches_training(self, call: cst.Call) -> bool:
         carriers = self.carriers(call)
@@ -353,11 +427,8 @@ class LoaderFlow(PerFileFacts):
             via_parameter = isinstance(loop, (cst.For, cst.CompFor)) and any(
                 isinstance(inner, cst.Name) and inner.value in params for inner in iterated_expressions(loop.iter))
             # the function iterating the loader is itself called inside a loop (one level)
-            for site in self.calls:
-                func = site.func
-                called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(
-                    func, cst.Attribute) else None
-                if called != function.name.value or (via_parameter and not any(
+            for site in self.calls_to(function.name.value):
+                if (via_parameter and not any(
                         not a.star and self._is_carrier(a.value, carriers) for a in site.args)):
                     continue
                 outer = self._outer_loop(site)
@@ -440,11 +511,9 @@ def _argument_for(ctx, name: cst.Name, flow: LoaderFlow) -> cst.BaseExpression |
         return None
     params = [p.name.value for p in [*function.params.posonly_params, *function.params.params]]
     method = id(function) in ctx.analysis.function_class
-    for site in flow.calls:
+    for site in flow.calls_to(function.name.value):
         func = site.func
-        called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(
-            func, cst.Attribute) else None
-        if called != function.name.value or any(a.star for a in site.args):
+        if any(a.star for a in site.args):
             continue
         for arg in site.args:
             if arg.keyword is not None and arg.keyword.value == name.value:
