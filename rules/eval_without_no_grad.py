@@ -307,7 +307,10 @@ class EvalWithoutNoGrad(Rule):
             return
         flow = LoaderFlow.of(self.ctx.analysis)
         calls = [c for c in self._model_calls(node.body) if _in_loop_within(flow, c, node)]
-        if not calls or _NEEDS_GRAD.search(self.ctx.code(node.body)):
+        if not calls:  # `def evaluate(self, s): return self.actor(s)...` called once per evaluation env step
+            self._check_rollout_function(node)
+            return
+        if _NEEDS_GRAD.search(self.ctx.code(node.body)):
             return
         if all(_under_grad_mode(self.ctx, flow, c, node) or self._frozen_model(c) for c in calls):
             return

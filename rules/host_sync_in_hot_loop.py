@@ -97,10 +97,13 @@ class HostSyncInHotLoop(Rule):
     printing or formatting a tensor (`print(loss)`, `f"{loss}"`, `"%f" % loss`, `logger.info(..., loss)`,
     `writer.add_scalar(tag, loss)`). It fires only on values with tensor evidence in a program that uses
     CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
-    results of an earlier `.item()`) are not syncs and are ignored. Inside `if step % N == 0:` blocks and in
-    evaluation loops outside the training step the finding is only informational. Code that runs only when
-    the run fails is ignored: a `raise` statement, or an `if`/`else` branch that always ends in `raise`,
-    `sys.exit()`, `exit()`, `os._exit()`, `assert False` or `torch._assert(False, ...)` (the branch's test
+    results of an earlier `.item()`) are not syncs and are ignored. Code in `if step % N == 0:` blocks and
+    evaluation passes over a loader outside the training step is not reported; an evaluation loop nested in
+    the training loop, or a `@torch.no_grad()` function called per step, gets an informational finding.
+    In a rollout or tree search (per environment step or simulation) the finding says how to read back less
+    often: one copy per evaluation, many positions per call, or a small network on the CPU. Code that runs
+    only when the run fails is ignored: a `raise` statement, or an `if`/`else` branch that always ends in
+    `raise`, `sys.exit()`, `exit()`, `os._exit()`, `assert False` or `torch._assert(False, ...)` (the branch's test
     still runs every step and is checked). So is reading back a tensor built from host data whose only other
     uses are `torch.distributed` collectives (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`,
     `bool(t.item())`): agreeing across ranks needs the value on the device for NCCL and back on the host for
@@ -377,9 +380,7 @@ class HostSyncInHotLoop(Rule):
                     or self.ctx.inside_with("torch.no_grad", "torch.inference_mode")):
                 return Severity.INFO  # an evaluation loop nested in the training loop
             return Severity.WARNING
-        if isinstance(loop, cst.For) and self.ctx.evidence.is_loader(loop.iter):
-            return Severity.INFO  # per-batch sync in an evaluation loop
-        return None
+        return None  # an evaluation pass over a loader, outside training: a sync per batch there is not worth a finding
 
     def _innermost_loop(self) -> cst.CSTNode | None:
         """The innermost loop around the current node, if it lies inside the current hot region/function."""
