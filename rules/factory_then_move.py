@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, method_name
+from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import DEVICE, TENSOR, Placement
@@ -25,7 +25,10 @@ _TINY = 1024  # elements: a one-off tensor this small costs microseconds whereve
 # which is usually the target already, and `bernoulli`, `multinomial`, `poisson` sample from an input tensor
 # on its device and take no `device=`.
 _INTEGER_DTYPES = {"long", "int64", "int", "int32", "int16", "short", "int8", "uint8", "bool"}
-_DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
+# methods between a factory's tensor and its move that keep it where it is: `alpha.expand_as(x).to(x.device)`
+_SHAPE_ONLY = {"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "t", "float", "double",
+               "half", "long", "int", "bool", "contiguous", "repeat"}
+_DEVICE_NAME = re.compile(r"(^|[._])(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
 
 class FactoryThenMove(Rule):
@@ -124,6 +127,25 @@ class FactoryThenMove(Rule):
             eye = torch.eye(n, device=device, dtype=torch.float16)
             """,
         ),
+        Valid(  # made once outside the training step, moved later: a one-off copy
+            """
+            import torch
+            table = torch.randn(1000, 64)
+            table = table.to(device)
+            """
+        ),
+        Invalid(  # two statements in the training step: reported at the factory, no fix (the move is conditional)
+            """
+            import torch
+            for step in range(1000):
+                noise = torch.randn(values.size())
+                if values.is_cuda:
+                    noise = noise.cuda()
+                loss = critic(values + noise).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # random: the fix changes the values and the CPU generator's stream (unsafe)
             """
             import torch
@@ -152,16 +174,18 @@ class FactoryThenMove(Rule):
         compare=("a", "b", "c", "d"),
     )
 
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
+        super().__init__(ctx)
+        self._reported_factories: set[int] = set()
+
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
         if name not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
             return
         factory = node.func.value
-        if not isinstance(factory, cst.Call):
-            return
-        qual = self.ctx.qualname(factory.func) or ""
-        kind = qual[len("torch."):] if qual.startswith("torch.") and qual.count(".") == 1 else ""
-        if kind.endswith("_like") or kind not in _EXACT | _KERNEL_DEPENDENT | _RANDOM:
+        kind = self._factory_kind(factory) if isinstance(factory, cst.Call) else None
+        if kind is None or not isinstance(factory, cst.Call):
+            self._moved_later(node, name, factory)
             return
         if any(arg.star for arg in (*node.args, *factory.args)):
             return
@@ -216,6 +240,39 @@ class FactoryThenMove(Rule):
             safety = Safety.UNSAFE
             note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
         self.report(node, replacement=replacement, safety=safety, note=note)
+
+    def _factory_kind(self, call: cst.Call) -> str | None:
+        """`zeros` for `torch.zeros(...)`: a factory that takes `device=` (None for anything else)."""
+        qual = self.ctx.qualname(call.func) or ""
+        kind = qual[len("torch."):] if qual.startswith("torch.") and qual.count(".") == 1 else ""
+        if kind.endswith("_like") or kind not in _EXACT | _KERNEL_DEPENDENT | _RANDOM:
+            return None
+        return kind
+
+    def _moved_later(self, node: cst.Call, name: str, moved: cst.BaseExpression) -> None:
+        """`noise = torch.randn(shape)` ... `noise = noise.cuda()` (often under `if x.is_cuda:`), or
+        `alpha.expand_as(y).to(y.device)`: the factory and the move in two statements, in the training step or
+        a loop. Reported at the factory; no fix, as the move may be conditional or the tensor used before it."""
+        while isinstance(moved, cst.Call) and method_name(moved) in _SHAPE_ONLY and isinstance(moved.func,
+                                                                                               cst.Attribute):
+            moved = moved.func.value
+        if not isinstance(moved, cst.Name) or is_test_path(self.ctx.path):
+            return
+        if not (self.ctx.in_hot_region() or self.ctx.in_loop()) or self._move(node, name) is None:
+            return
+        bindings = Placement(self.ctx).reaching(moved.value)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
+            return
+        factory = bindings[0].value
+        if not isinstance(factory, cst.Call) or self._factory_kind(factory) is None \
+                or any(arg.star for arg in factory.args) or call_arg(factory, "device") is not None \
+                or call_arg(factory, "out") is not None or call_arg(factory, "generator") is not None:
+            return
+        if id(factory) in self._reported_factories:
+            return
+        self._reported_factories.add(id(factory))
+        self.report(factory, f"Tensor created on the CPU and moved to the device by a later `.{name}()`: pass "
+                             "`device=` to the factory (`device=x.device` for the tensor it is used with)")
 
     def _move(self, node: cst.Call, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression | None] | None:
         """(device expression, dtype expression or None) of `.cuda(...)` / `.to(...)`, None if not a plain move."""
