@@ -96,7 +96,10 @@ _META_DOCS = {
     "GPU900": (Severity.ERROR, Safety.SUGGEST, None, False, """
         ## What it does
         Reports a file that does not parse (libcst and CPython agree it is not valid Python), with the line
-        and column of the error.
+        and column of the error. One old spelling is read as what it meant: code for torch <= 0.3 passing
+        `async=True` to `.cuda()` / `.to()` (a reserved word since Python 3.7; torch 0.4 renamed it
+        `non_blocking=`) gets this error at the first `async=` and the rest of the file is still checked, as if
+        it said `non_blocking=`, with no fixes offered for that file.
 
         ## Why is this slow
         It is not a performance finding: gpulint cannot analyse a file it cannot parse, so it says so instead

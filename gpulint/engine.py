@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -10,6 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from gpulint import legacy
 from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
@@ -282,6 +284,9 @@ def lint_text(
                                    f"({error.message}); not checked".split())
                 return LintResult(path, [Diagnostic(path, start, start, "GPU901", META_CODES["GPU901"], message,
                                                     Severity.ERROR)])
+            old_spelling = legacy.repair(text)
+            if old_spelling is not None:
+                return _lint_old_spelling(old_spelling, path, rules, program, rule_options)
             return LintResult(path, [syntax_error_diagnostic(path, python_error)])
         except SyntaxError as error:  # rejected by CPython before libcst was asked (the parse guard)
             return LintResult(path, [syntax_error_diagnostic(path, error)])
@@ -318,6 +323,22 @@ def lint_text(
     diagnostics = apply_suppressions(diagnostics, text, path, (r.code for r in rules))
     unique = {(d.start, d.end, d.code, d.message): d for d in diagnostics}
     return LintResult(path, sorted(unique.values(), key=Diagnostic.sort_key), module, analysis)
+
+
+def _lint_old_spelling(old_spelling: legacy.Repair, path: str, rules: Sequence[type[Rule]],
+                       program: "ProgramFacts | None", rule_options: dict[str, dict[str, Any]] | None) -> LintResult:
+    """A torch <= 0.3 file (`x.cuda(async=True)`): the syntax error, then the findings of the file read as it
+    meant it, at the user's columns and without fixes (they would rewrite text the user did not write)."""
+    line, column = old_spelling.first
+    error = Diagnostic(path, Position(line, column), Position(line, column + len("async")), "GPU900",
+                       META_CODES["GPU900"], "SyntaxError: `async` is a reserved word since Python 3.7; torch "
+                       "renamed this argument `non_blocking` (0.4). The rest of the file was checked as if it said "
+                       "`non_blocking=`", Severity.ERROR)
+    found = lint_text(old_spelling.text, path, rules, program=program, rule_options=rule_options).diagnostics
+    moved = [dataclasses.replace(
+        d, start=Position(d.start.line, old_spelling.original_column(d.start.line, d.start.col)),
+        end=Position(d.end.line, old_spelling.original_column(d.end.line, d.end.col)), fix=None) for d in found]
+    return LintResult(path, sorted([error, *moved], key=Diagnostic.sort_key))
 
 
 def _position(positions: dict[int, tuple[int, int, int, int]], node: cst.CSTNode) -> tuple[Position, Position]:

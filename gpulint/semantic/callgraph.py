@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
 
+from gpulint import legacy
 from gpulint.semantic import vocab
 
 MAX_DEPTH = 6  # call levels followed from a per-step site
@@ -300,7 +301,12 @@ class _Summariser:
 def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> FileSummary | None:
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except SyntaxError:
+        old_spelling = legacy.repair(text)  # `x.cuda(async=True)`: torch <= 0.3 code, read as it meant it
+        if old_spelling is None:
+            return None
+        tree = ast.parse(old_spelling.text)
+    except (ValueError, RecursionError, MemoryError):
         return None
     summariser = _Summariser(path, tree, module_classes)
     summary = summariser.file
