@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.semantic.masks import COMPOUND_MASK_NOTE, aligned_mask, hot_mask_assignment
+from gpulint.semantic.masks import hot_mask_assignment, mask_rewrite
 
 _FP16_MAX = 65504.0
 _BF16_MAX = 3.3895e38  # also above float32's max: every float dtype's masked_fill_ raises, setitem may write inf
@@ -39,14 +39,27 @@ class BoolMaskAssignScalar(Rule):
     ```
     (The reshape is left out when the mask is a comparison of `scores` itself, e.g. `x[x < 0] = 0`.)
 
+    A compound mask that has to be reshaped is bound to a name first (`mask = a == 0`, then
+    `x.masked_fill_(mask.reshape(...), v)`), so it is evaluated once. `x[~legal] = v`, whose mask is known
+    only by its name, is rewritten under a dtype guard:
+    ```python
+    if legal.dtype == torch.bool:
+        not_legal = ~legal
+        logits.masked_fill_(not_legal.reshape(not_legal.shape + (1,) * (logits.dim() - not_legal.dim())), v)
+    else:
+        logits[~legal] = v
+    ```
+
     ## Fix safety
-    Safe when the mask is a boolean tensor by construction (a comparison, `isnan`, `logical_*`) and the
-    receiver is a tensor: `masked_fill_` is in place like the original, so views of `x` see the change, and
-    values, gradients and integer truncation are identical. A reshape makes a row mask select rows, not
-    columns. Not fixed: literals above the float16 range when the program uses float16/autocast
-    (`x[m] = -1e9` writes `-inf` silently, `masked_fill_` raises), receivers not known to be tensors, and
-    compound masks that would need reshaping (they would be evaluated twice). Masks known only by their name
-    are not reported (`x[mask]` may hold integer indices), except `x[~mask] = v`, reported without a fix.
+    Safe when the receiver is a tensor: `masked_fill_` is in place like the original, so views of `x` see the
+    change, and values, gradients and integer truncation are identical. A mask that comes from a comparison,
+    `isnan`, `logical_*` or `&`/`|`/`~` of those is boolean by construction and needs no guard; a mask known only
+    by its name gets the dtype guard, which runs the original statement for anything but a bool tensor (an
+    integer index). A reshape makes a row mask select rows, not columns. Not fixed: literals above the float16
+    range when the program uses float16/autocast (`x[m] = -1e9` writes `-inf` silently, `masked_fill_` raises),
+    receivers not known to be tensors, and statements that share their line (`if c: x[a == 0] = v`) when the
+    rewrite needs a second statement. Masks known only by their name are not reported (`x[mask]` may hold
+    integer indices), except `x[~name] = v`.
     """
 
     code = "GPU003"
@@ -117,6 +130,40 @@ class BoolMaskAssignScalar(Rule):
                     return scores.softmax(-1)
             """,
         ),
+        Invalid(  # a compound mask is bound to a name first; a name-only mask gets a dtype guard
+            """
+            import torch
+            class Policy(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = torch.nn.Linear(16, 42)
+
+                def forward(self, x, board, legal):
+                    logits = self.head(x)
+                    logits[board != 0] = float("-inf")
+                    logits[~legal] = float("-inf")
+                    return logits
+            """,
+            fixed="""
+            import torch
+            class Policy(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = torch.nn.Linear(16, 42)
+
+                def forward(self, x, board, legal):
+                    logits = self.head(x)
+                    mask = board != 0
+                    logits.masked_fill_(mask.reshape(mask.shape + (1,) * (logits.dim() - mask.dim())), float("-inf"))
+                    if legal.dtype == torch.bool:
+                        not_legal = ~legal
+                        logits.masked_fill_(not_legal.reshape(not_legal.shape + (1,) * (logits.dim() - not_legal.dim())), float("-inf"))
+                    else:
+                        logits[~legal] = float("-inf")
+                    return logits
+            """,
+            count=2,
+        ),
         Invalid(  # -1e9 overflows float16: reported, not rewritten
             """
             import torch
@@ -132,16 +179,34 @@ class BoolMaskAssignScalar(Rule):
         kinds=("EQ", "ALIAS", "CG"),
         setup=("x = torch.randn(4, 6, 5, requires_grad=True)\n"
                "row = torch.rand(4, 6) > 0.5\n"
+               "a = torch.randint(0, 3, (4, 6))\n"
+               "legal = torch.rand(4, 6) > 0.3\n"
+               "idx = torch.tensor([0, 2])\n"
                "base = (x * 2).detach().clone()\n"
                "view = base[1:]"),
         before=("y = x * 2\n"
                 "y[row] = float('-inf')\n"
                 "y[y > 1.5] = 1.5\n"
+                "y[a == 0] = 2.0\n"
+                "y[~legal] = -1.0\n"
+                "y[~idx] = 0.5\n"
                 "view[view < 0] = 0.0\n"
                 "out = y.exp()"),
         after=("y = x * 2\n"
                "y.masked_fill_(row.reshape(row.shape + (1,) * (y.dim() - row.dim())), float('-inf'))\n"
                "y.masked_fill_(y > 1.5, 1.5)\n"
+               "mask = a == 0\n"
+               "y.masked_fill_(mask.reshape(mask.shape + (1,) * (y.dim() - mask.dim())), 2.0)\n"
+               "if legal.dtype == torch.bool:\n"
+               "    not_legal = ~legal\n"
+               "    y.masked_fill_(not_legal.reshape(not_legal.shape + (1,) * (y.dim() - not_legal.dim())), -1.0)\n"
+               "else:\n"
+               "    y[~legal] = -1.0\n"
+               "if idx.dtype == torch.bool:\n"
+               "    not_idx = ~idx\n"
+               "    y.masked_fill_(not_idx.reshape(not_idx.shape + (1,) * (y.dim() - not_idx.dim())), 0.5)\n"
+               "else:\n"
+               "    y[~idx] = 0.5\n"
                "view.masked_fill_(view < 0, 0.0)\n"
                "out = y.exp()"),
         compare=("out", "base", "x.grad"),
@@ -157,17 +222,13 @@ class BoolMaskAssignScalar(Rule):
         site = hot_mask_assignment(self.ctx, node)
         if site is None:
             return
-        replacement = None
-        note = site.rewrite_blocker("masked_fill_") or self._overflow(node.value)
+        replacement, imports = None, ()
+        note = self._overflow(node.value)
         if note is None:
-            mask = aligned_mask(self.ctx, site.layout, site.receiver)
-            if mask is None:
-                note = COMPOUND_MASK_NOTE
-            else:
-                value = self.ctx.code(node.value)
-                text = f"{self.ctx.code(site.receiver)}.masked_fill_({mask}, {value})"
-                replacement = cst.Expr(cst.parse_expression(text))
-        self.report(node, replacement=replacement, note=note)
+            receiver, value = self.ctx.code(site.receiver), self.ctx.code(node.value)
+            replacement, note, imports = mask_rewrite(self.ctx, node, site, "masked_fill_",
+                                                      lambda mask: f"{receiver}.masked_fill_({mask}, {value})")
+        self.report(node, replacement=replacement, note=note, imports=imports)
 
     def _overflow(self, value: cst.BaseExpression) -> str | None:
         magnitude = self.ctx.evidence.scalar_magnitude(value)

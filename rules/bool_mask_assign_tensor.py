@@ -5,10 +5,9 @@ import libcst as cst
 from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, method_name, walk
 from gpulint.semantic.masks import (
-    COMPOUND_MASK_NOTE,
-    aligned_mask,
     hot_mask_assignment,
     mask_index_layout,
+    mask_rewrite,
     same_code,
     tensor_verdict,
 )
@@ -46,13 +45,17 @@ class BoolMaskAssignTensor(Rule):
                              returns, target))
     ```
     (No reshape when the mask is a comparison of `target` itself or of the tensor it was made `*_like` from.)
+    A compound mask that has to be reshaped is bound to a name first (`mask = tokens == 0`), so it is evaluated
+    once; `x[~name] = ...`, whose mask is known only by its name, is rewritten under a dtype guard
+    (`if name.dtype == torch.bool:` the rewrite, `else:` the original statement).
 
     ## Fix safety
     Safe when the mask is a boolean tensor by construction and the receiver is a tensor: the result is copied
     back in place (views of `x` see it), values cast to `x`'s dtype exactly as index assignment does, and
     gradients flow to `y` at the selected positions and to the old `x` elsewhere, as before. The mask is
-    reshaped to broadcast over `x`'s trailing dimensions. Masks known only by their name are not reported
-    (`x[idx] = y[idx]` with integer indices does not sync), except `x[~mask]`, reported without a fix. Other
+    reshaped to broadcast over `x`'s trailing dimensions. A mask from a comparison or a logical op needs no
+    proof of its dtype; a name under `~` gets the dtype guard, exact for integer indices too. Masks known only by
+    their name are not reported (`x[idx] = y[idx]` with integer indices does not sync), except `x[~name]`. Other
     tensor values are reported without a fix: whether they broadcast over `x` (`where`) or hold one element
     per selected position (`masked_scatter_`) depends on shapes gpulint cannot see.
     """
@@ -121,6 +124,25 @@ class BoolMaskAssignTensor(Rule):
                     return out
             """,
         ),
+        Invalid(  # a compound mask is bound to a name first
+            """
+            import torch
+            class Blend(torch.nn.Module):
+                def forward(self, x, y, tokens):
+                    out = torch.zeros_like(x)
+                    out[tokens == 0] = y[tokens == 0]
+                    return out
+            """,
+            fixed="""
+            import torch
+            class Blend(torch.nn.Module):
+                def forward(self, x, y, tokens):
+                    out = torch.zeros_like(x)
+                    mask = tokens == 0
+                    out.copy_(torch.where(mask.reshape(mask.shape + (1,) * (out.dim() - mask.dim())), y, out))
+                    return out
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -145,16 +167,21 @@ class BoolMaskAssignTensor(Rule):
         setup=("x = torch.randn(6, 4, requires_grad=True)\n"
                "y = torch.randn(6, 4, requires_grad=True)\n"
                "rows = torch.rand(6) > 0.5\n"
+               "tokens = torch.randint(0, 3, (6,))\n"
+               "w = torch.randn(6, 4, requires_grad=True)\n"
                "base = torch.randn(6, 4)\n"
                "view = base[2:]"),
         before=("out = x * 1\n"
                 "out[rows] = y[rows]\n"
+                "out[tokens == 0] = w[tokens == 0]\n"
                 "out[out > 1] = y.mean()\n"
                 "z = base[2:] * 2\n"
                 "m2 = z < 0\n"
                 "view[m2] = z[m2]"),
         after=("out = x * 1\n"
                "out.copy_(torch.where(rows.reshape(rows.shape + (1,) * (out.dim() - rows.dim())), y, out))\n"
+               "mask = tokens == 0\n"
+               "out.copy_(torch.where(mask.reshape(mask.shape + (1,) * (out.dim() - mask.dim())), w, out))\n"
                "out.copy_(torch.where(out > 1, y.mean(), out))\n"
                "z = base[2:] * 2\n"
                "m2 = z < 0\n"
@@ -187,19 +214,15 @@ class BoolMaskAssignTensor(Rule):
         replacement, imports, note = None, (), None
         if source is None:
             note = _SUGGEST_NOTE
-        elif (why := site.rewrite_blocker("torch.where")) is not None:
-            note = why
         elif _mutates(source):
             note = "the value mutates a tensor in place; the rewrite would evaluate it in another order"
         else:
-            mask = aligned_mask(self.ctx, layout, site.receiver)
-            if mask is None:
-                note = COMPOUND_MASK_NOTE
-            else:
-                where, imports = self.ctx.spell("torch.where")
-                receiver = self.ctx.code(site.receiver)
-                text = f"{receiver}.copy_({where}({mask}, {self.ctx.code(source)}, {receiver}))"
-                replacement = cst.Expr(cst.parse_expression(text))
+            where, imports = self.ctx.spell("torch.where")
+            receiver, value_text = self.ctx.code(site.receiver), self.ctx.code(source)
+            replacement, note, more = mask_rewrite(
+                self.ctx, node, site, "torch.where",
+                lambda mask: f"{receiver}.copy_({where}({mask}, {value_text}, {receiver}))")
+            imports = tuple(dict.fromkeys(tuple(imports) + tuple(more))) if replacement is not None else ()
         message = None
         if zero_dim:
             message = ("Boolean-mask assignment of a 0-d device tensor reads it back to the host; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import libcst as cst
 
@@ -19,6 +20,7 @@ from gpulint.analysis import (
     dotted_name,
     iter_calls,
     method_name,
+    walk,
 )
 from gpulint.rule import RuleContext
 from gpulint.semantic.placement import Placement
@@ -400,8 +402,129 @@ def aligned_mask(ctx: RuleContext, layout: MaskIndex, receiver: cst.BaseExpressi
         return mask_text
     if not isinstance(layout.mask, (cst.Name, cst.Attribute)) or not is_pure(layout.mask):
         return None
+    return _reshaped(ctx, layout, receiver, mask_text)
+
+
+def _reshaped(ctx: RuleContext, layout: MaskIndex, receiver: cst.BaseExpression, mask_text: str) -> str:
     offset = f" - {layout.leading}" if layout.leading else ""
     return f"{mask_text}.reshape({mask_text}.shape + (1,) * ({ctx.code(receiver)}.dim(){offset} - {mask_text}.dim()))"
+
+
+def statement_indent(ctx: RuleContext) -> tuple[str, str]:
+    """(indentation of the statement being visited, one more level of the innermost block's indentation)."""
+    default = ctx.module.default_indent
+    blocks = [b for b in ctx.ancestors if isinstance(b, cst.IndentedBlock)]
+    indent = "".join(b.indent if b.indent is not None else default for b in blocks)
+    unit = blocks[-1].indent if blocks and blocks[-1].indent is not None else default
+    return indent, unit
+
+
+def standalone_statement(ctx: RuleContext, node: cst.BaseSmallStatement) -> bool:
+    """`node` is the only statement of its line, and that line sits in a block (not `if c: x[m] = v`)."""
+    ancestors = ctx.ancestors
+    try:
+        at = max(i for i, a in enumerate(ancestors) if a is node)
+    except ValueError:
+        return False
+    line = ancestors[at - 1] if at >= 1 else None
+    block = ancestors[at - 2] if at >= 2 else None
+    return isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(
+        block, (cst.IndentedBlock, cst.Module))
+
+
+def fresh_name(ctx: RuleContext, base: str) -> str:
+    """`base`, or `base_1`, `base_2`, ...: a name used nowhere in the enclosing function (or the module)."""
+    scope: cst.CSTNode = next((n for n in reversed(ctx.ancestors) if isinstance(n, cst.FunctionDef)), ctx.module)
+    used = {n.value for n in walk(scope, into_functions=True) if isinstance(n, cst.Name)}
+    used |= set(ctx.analysis.aliases)
+    used |= {n.value for n in walk(ctx.module) if isinstance(n, cst.Name)}  # globals the function may read
+    name, index = base, 0
+    while name in used:
+        index += 1
+        name = f"{base}_{index}"
+    return name
+
+
+def _mask_base_name(mask: cst.BaseExpression) -> str:
+    if isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert) and isinstance(
+            mask.expression, cst.Name):
+        return f"not_{mask.expression.value}"
+    return "mask"
+
+
+# A dtype guard makes a rewrite exact for a mask known only by its name: the bool branch runs the rewrite,
+# anything else (an integer index tensor) runs the original statement.
+GUARD_NOTE = ("the mask is known only by its name: the rewrite runs under a dtype guard (`if m.dtype == torch.bool`), "
+              "the original statement in the other branch")
+
+
+def mask_rewrite(ctx: RuleContext, node: cst.Assign, site: "MaskAssignment", method: str,
+                 build: Callable[[str], str]) -> tuple[str | None, str | None, tuple]:
+    """Text replacing the assignment `node` (`x[M] = v`) by `build(aligned mask text)`, the note saying why
+    it could not be rewritten, and the imports the text needs. A compound mask that would have to be reshaped is
+    bound to a fresh name first; a mask known only by its name (`x[~legal] = v`) is rewritten under a dtype
+    guard, with the original statement kept for non-bool masks. Masks that come from a comparison or a logical
+    op need neither proof nor guard."""
+    guarded = site.confidence is not Confidence.HIGH and _guardable(site.layout.mask)
+    blocker = site.rewrite_blocker(method, guarded=guarded)
+    if blocker is not None:
+        return None, blocker, ()
+    lines: list[str] = []
+    aligned = aligned_mask(ctx, site.layout, site.receiver)
+    if aligned is None:
+        name = fresh_name(ctx, _mask_base_name(site.layout.mask))
+        lines.append(f"{name} = {ctx.code(site.layout.mask)}")
+        aligned = _reshaped(ctx, site.layout, site.receiver, name)
+    lines.append(build(aligned))
+    imports: tuple = ()
+    if guarded:
+        operand = site.layout.mask.expression if isinstance(site.layout.mask, cst.UnaryOperation) else site.layout.mask
+        operand_text = ctx.code(operand)
+        bool_text, imports = ctx.spell("torch.bool")
+        tensor_text, more = ctx.spell("torch.Tensor")
+        imports = tuple(dict.fromkeys(imports + more))
+        guard = f"{operand_text}.dtype == {bool_text}"
+        if tensor_verdict(ctx, operand) is not True and not (
+                ctx.hot_kind() in (HotKind.FORWARD, HotKind.COMPILED) and not numpy_in_file(ctx)):
+            guard = f"isinstance({operand_text}, {tensor_text}) and {guard}"
+        if not standalone_statement(ctx, node):
+            return None, COMPOUND_MASK_NOTE, ()
+        indent, unit = statement_indent(ctx)
+        body = "".join(f"{indent}{unit}{line}\n" for line in lines)
+        original = ctx.code(node).strip()
+        return f"if {guard}:\n{body}{indent}else:\n{indent}{unit}{original}", GUARD_NOTE, imports
+    if len(lines) > 1:
+        if not standalone_statement(ctx, node):
+            return None, COMPOUND_MASK_NOTE, ()
+        indent, _ = statement_indent(ctx)
+        return f"\n{indent}".join(lines), None, ()
+    return lines[0], None, ()
+
+
+def _in_dtype_guard_else(ctx: RuleContext, mask: cst.BaseExpression) -> bool:
+    """The `else:` branch of `if m.dtype == torch.bool:` (a guard this module wrote): `m` is not boolean there."""
+    operand = mask.expression if isinstance(mask, cst.UnaryOperation) else mask
+    if not isinstance(operand, cst.Name):
+        return False
+    ancestors = ctx.ancestors
+    for index in range(len(ancestors) - 1, 0, -1):
+        node, parent = ancestors[index], ancestors[index - 1]
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(node, cst.Else) and isinstance(parent, cst.If) and parent.orelse is node:
+            for n in walk(parent.test):
+                if isinstance(n, cst.Comparison) and isinstance(n.left, cst.Attribute) \
+                        and n.left.attr.value == "dtype" and isinstance(n.left.value, cst.Name) \
+                        and n.left.value.value == operand.value and ctx.qualname(n.comparisons[0].comparator) == "torch.bool":
+                    return True
+    return False
+
+
+def _guardable(mask: cst.BaseExpression) -> bool:
+    """A name, or its bitwise not: the names a dtype guard can test."""
+    if isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert):
+        mask = mask.expression
+    return isinstance(mask, cst.Name)
 
 
 def consumed_as_tensor(ctx: RuleContext, node: cst.CSTNode) -> bool:
@@ -463,9 +586,10 @@ class MaskAssignment:
     confidence: Confidence
     receiver_is_tensor: bool
 
-    def rewrite_blocker(self, method: str) -> str | None:
-        """Why the mask or the receiver keep the assignment from being rewritten to `method`, or None."""
-        if self.confidence is not Confidence.HIGH:
+    def rewrite_blocker(self, method: str, guarded: bool = False) -> str | None:
+        """Why the mask or the receiver keep the assignment from being rewritten to `method`, or None
+        (`guarded`: the rewrite will run under a dtype guard, so the mask need not be proven boolean)."""
+        if self.confidence is not Confidence.HIGH and not guarded:
             return f"the mask is known only by its name; make sure it is a bool tensor, then use `{method}`"
         if not self.receiver_is_tensor:
             return "the receiver is not known to be a tensor"
@@ -482,9 +606,11 @@ def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | 
         return None
     target = node.targets[0].target
     layout = mask_index_layout(target)
-    if layout is None:
+    if layout is None or _in_dtype_guard_else(ctx, layout.mask):
         return None
     confidence = mask_confidence(ctx, layout.mask)
+    if confidence is None and _inverted(layout.mask) and isinstance(layout.mask.expression, cst.Name):  # type: ignore[attr-defined]
+        confidence = Confidence.LOW  # `x[~legal] = v`: bitwise not of a name, as an index, is a mask in practice
     if confidence is None:
         return None
     if confidence is not Confidence.HIGH and not _inverted(layout.mask):
