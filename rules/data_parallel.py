@@ -182,6 +182,20 @@ class DataParallel(Rule):
                 train(model, loader, optimizer)
             """
         ),
+        Invalid(  # a submodule wrapped, the whole model trained
+            """
+            from torch import nn
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+            def main():
+                model = build_vgg()
+                model.features = nn.DataParallel(model.features)
+                train(model, loader, optimizer)
+            """
+        ),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -270,9 +284,11 @@ class DataParallel(Rule):
                 any((dotted_name(c.func) or "").rsplit(".", 1)[-1] == name for c in iter_calls(f.body))
                 for f in walk(a.module, into_functions=True)
                 if isinstance(f, cst.FunctionDef) and f.name.value in trainers)
+        owner = target.split(".")[0]  # `model.features = DataParallel(model.features)` trains with `model`
+        passed = {target} if owner == "self" else {target, owner}
         for call in iter_calls(body):
             callee = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
-            if callee in trainers and any(dotted_name(arg.value) == target for arg in call.args):
+            if callee in trainers and any(dotted_name(arg.value) in passed for arg in call.args):
                 return True  # `train(model, loader, optimizer)`
         if target.startswith("self.") and info is not None:
             attr = target

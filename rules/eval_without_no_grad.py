@@ -319,12 +319,13 @@ class EvalWithoutNoGrad(Rule):
         self._reported_functions.add(id(node))
         if any(isinstance(d.decorator, (cst.Name, cst.Attribute)) and (dotted_name(d.decorator) or "").endswith(
                 ("property", "setter", "getter")) for d in node.decorators):
-            self.report(node.name)
+            self.report(calls[0])
             return
         spelled, imports = self.ctx.spell("torch.no_grad")
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
         new = node.with_changes(decorators=[*node.decorators, decorator])
-        self.report(node.name, replacements=[(node, new)], imports=imports)
+        # reported where the graph is built (the first forward in the loop); the fix decorates the function
+        self.report(calls[0], replacements=[(node, new)], imports=imports)
 
     def visit_For(self, node: cst.For) -> None:
         if is_test_path(self.ctx.path):
