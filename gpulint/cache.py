@@ -88,17 +88,52 @@ class ResultCache:
             pass  # a read-only checkout just runs without a cache
 
 
-def code_fingerprint() -> str:
-    """Changes whenever gpulint's own code or a rule file changes (so editing a rule never serves stale results)."""
-    import gpulint
-    import gpulint.rules
+def _code_folders() -> list[str]:
+    """gpulint's package folder and the rules' (`gpulint.rules` is a folder of its own in a development
+    checkout), found without importing the rules."""
+    import importlib.util
 
-    stats = []
-    for package in (gpulint, gpulint.rules):
-        for path in sorted(Path(package.__file__).parent.glob("*.py")):
-            info = path.stat()
-            stats.append((path.name, info.st_mtime_ns, info.st_size))
-    return digest(stats)
+    import gpulint
+
+    folders = [os.path.dirname(gpulint.__file__)]
+    spec = importlib.util.find_spec("gpulint.rules")
+    if spec is not None and spec.submodule_search_locations:
+        folders.extend(spec.submodule_search_locations)
+    return folders
+
+
+def _code_stats() -> dict[tuple[int, int], tuple[str, int, int]]:
+    """(device, inode) -> (path, size, modification time) of every Python source file of gpulint: the package
+    with all its subpackages (`semantic`, `reporters`, ...) and the rules. A file reached twice (the rules inside
+    an installed package) counts once."""
+    found: dict[tuple[int, int], tuple[str, int, int]] = {}
+    pending = list(_code_folders())
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.name.endswith(".py") and entry.is_file():
+                    info = entry.stat()
+                    found.setdefault((info.st_dev, info.st_ino), (entry.path, info.st_size, info.st_mtime_ns))
+                elif entry.is_dir() and entry.name != "__pycache__" and not entry.name.startswith("."):
+                    pending.append(entry.path)
+            except OSError:
+                continue
+    return found
+
+
+def code_files() -> list[Path]:
+    return sorted(Path(path) for path, _, _ in _code_stats().values())
+
+
+def code_fingerprint() -> str:
+    """Changes whenever one of gpulint's own source files (any subpackage, any rule) is edited, added or
+    removed, so that a results cache never serves findings of other code: the version plus the path, size and
+    modification time of each file (a stat per file, no reading)."""
+    return digest(__version__, sorted(_code_stats().values()))
 
 
 def content_hash(data: bytes) -> str:
