@@ -356,6 +356,7 @@ class CallGraph:
                                    for name in (fn.class_name, *summary.classes.get(fn.class_name, [])))]
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
         self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool]]] = {}
         self._passed_in = self._functions_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions were known
         self._propagate()
@@ -564,19 +565,33 @@ class CallGraph:
         many times per update."""
         if site.frequency is not Frequency.PER_ITERATION:
             return site.frequency
-        for outer in site.loops[:-1]:
-            if any(other.loop == outer and not other.throttled
-                   and set(self.resolve(path, fn, other.target)) & self._trainer_set for other in fn.sites):
-                return Frequency.PER_ROLLOUT_STEP
-        for other in fn.sites:
-            if other.loop != site.loop or other.throttled:
-                continue
-            callees = set(self.resolve(path, fn, other.target))
-            if callees & step_functions:
-                return Frequency.PER_STEP
-            if callees & rollout_functions and site.loop not in self.files[path].loader_loops:
-                return Frequency.PER_ROLLOUT_STEP
+        loops = self._loop_calls(path, fn, step_functions, rollout_functions)
+        if any(loops.get(outer, (False, False, False))[0] for outer in site.loops[:-1]):
+            return Frequency.PER_ROLLOUT_STEP
+        _, calls_step, calls_rollout = loops.get(site.loop, (False, False, False))
+        if calls_step:
+            return Frequency.PER_STEP
+        if calls_rollout and site.loop not in self.files[path].loader_loops:
+            return Frequency.PER_ROLLOUT_STEP
         return Frequency.PER_ITERATION
+
+    def _loop_calls(self, path: str, fn: FunctionSummary, step_functions: set,
+                    rollout_functions: set) -> dict[int, tuple[bool, bool, bool]]:
+        """loop id -> (calls a trainer, calls a step function, calls a rollout function), for unthrottled
+        sites directly in each loop of `fn`: one pass over its sites, kept (the sets do not change)."""
+        key = (path, fn.key)
+        found = self._loop_verdicts.get(key)
+        if found is None:
+            found = {}
+            for other in fn.sites:
+                if other.throttled or not other.loops:
+                    continue
+                callees = set(self.resolve(path, fn, other.target))
+                trainer, step, rollout = found.get(other.loop, (False, False, False))
+                found[other.loop] = (trainer or bool(callees & self._trainer_set), step or bool(callees & step_functions),
+                                     rollout or bool(callees & rollout_functions))
+            self._loop_verdicts[key] = found
+        return found
 
     def by_file(self) -> dict[str, dict[str, Frequency]]:
         """path -> {function key -> frequency} for the functions that run more than once (from their callers),
@@ -593,10 +608,13 @@ class CallGraph:
                              if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
         for path, summary in self.files.items():
             for fn in summary.functions.values():
+                by_loop: dict[int, list[CallSite]] = {}
+                for site in fn.sites:
+                    if site.loops and not site.throttled and site.frequency is Frequency.PER_ITERATION:
+                        by_loop.setdefault(site.loop, []).append(site)
                 for index, loop in enumerate(fn.loops):
                     frequency = max((self._site_frequency(path, fn, site, step_functions, rollout_functions)
-                                     for site in fn.sites if site.loop == loop and not site.throttled
-                                     and site.frequency is Frequency.PER_ITERATION), default=Frequency.ONCE)
+                                     for site in by_loop.get(loop, ())), default=Frequency.ONCE)
                     if frequency >= Frequency.PER_ROLLOUT_STEP:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}"] = frequency
         return found
