@@ -773,6 +773,16 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         frequency = called.get(a.function_key.get(id(fn), ""))
         if frequency is not None:
             a.call_frequency[id(fn)] = frequency
+    # loops around a training-step loop run once per iteration (PPO's `for iteration` loop: collect, bootstrap
+    # value, update, log), however many network calls sit directly in them; a loop around an environment loop
+    # may still be hot (a tree search's simulation loop steps a game copy in its selection loop)
+    around_hot: set[int] = set()
+    for region in regions:
+        if region.any_marker or region.called & step_functions:
+            outer = region.parent_loop
+            while outer is not None and id(outer.node) not in around_hot:
+                around_hot.add(id(outer.node))
+                outer = outer.parent_loop
     for region in regions:
         loop = region.node
         if not isinstance(loop, (cst.For, cst.While)) or _runs_once(loop):
@@ -784,7 +794,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             continue  # sampling or evaluating every N steps: not per step
         elif region.env_step or (
                 (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
-                and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)):
+                and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)
+                and id(loop) not in around_hot):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)
         elif _in_update_loop(region, trainers):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)  # many iterations per update: `for step in range(n_steps)`

@@ -24,6 +24,18 @@ def _trains_here(a, scope: cst.CSTNode) -> bool:  # noqa: ANN001
     return False
 
 
+def _reads_global(function: cst.FunctionDef, name: str) -> bool:
+    """Does `function` use the module-level `name` (read, not a parameter or a local of its own)?"""
+    params = function.params
+    if any(p.name.value == name for p in [*params.posonly_params, *params.params, *params.kwonly_params]):
+        return False
+    local = any(isinstance(n, (cst.AssignTarget, cst.AnnAssign)) and isinstance(
+        n.target, cst.Name) and n.target.value == name for n in walk(function.body))
+    declared = any(isinstance(n, cst.Global) and any(g.name.value == name for g in n.names)
+                   for n in walk(function.body))
+    return (declared or not local) and any(isinstance(n, cst.Name) and n.value == name for n in walk(function.body))
+
+
 def _root(node: cst.BaseExpression) -> cst.BaseExpression:
     """`model.cuda()` -> `model`; `model.features.to(dev)` -> `model.features`."""
     while isinstance(node, cst.Call) and method_name(node) in _MOVES:
@@ -182,6 +194,21 @@ class DataParallel(Rule):
                 train(model, loader, optimizer)
             """
         ),
+        Invalid(  # wrapped at module level on a condition, trained by a function that reads the global
+            """
+            import torch
+            from torch import nn
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            net = build_model().to(device)
+            if device == "cuda":
+                net = nn.DataParallel(net)
+            def train(epoch):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(net(x.to(device)), y.to(device)).backward()
+                    optimizer.step()
+            """
+        ),
         Invalid(  # a submodule wrapped, the whole model trained
             """
             from torch import nn
@@ -290,6 +317,10 @@ class DataParallel(Rule):
             callee = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
             if callee in trainers and any(dotted_name(arg.value) in passed for arg in call.args):
                 return True  # `train(model, loader, optimizer)`
+        if fn is None and "." not in target and any(
+                _reads_global(f, target) for f in walk(a.module, into_functions=True)
+                if isinstance(f, cst.FunctionDef) and f.name.value in trainers):
+            return True  # `net = DataParallel(net)` at module level, `def train(epoch): ... net(inputs)`
         if target.startswith("self.") and info is not None:
             attr = target
             for f in walk(info.node, into_functions=True):

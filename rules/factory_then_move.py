@@ -258,7 +258,8 @@ class FactoryThenMove(Rule):
             moved = moved.func.value
         if not isinstance(moved, cst.Name) or is_test_path(self.ctx.path):
             return
-        if not (self.ctx.in_hot_region() or self.ctx.in_loop()) or self._move(node, name) is None:
+        move = self._move(node, name)
+        if not (self.ctx.in_hot_region() or self.ctx.in_loop()) or move is None:
             return
         bindings = Placement(self.ctx).reaching(moved.value)
         if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
@@ -272,7 +273,7 @@ class FactoryThenMove(Rule):
             return
         self._reported_factories.add(id(factory))
         self.report(factory, f"Tensor created on the CPU and moved to the device by a later `.{name}()`: pass "
-                             "`device=` to the factory (`device=x.device` for the tensor it is used with)")
+                             f"`device={self.ctx.code(move[0])}` to the factory")
 
     def _move(self, node: cst.Call, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression | None] | None:
         """(device expression, dtype expression or None) of `.cuda(...)` / `.to(...)`, None if not a plain move."""

@@ -89,6 +89,7 @@ class FunctionSummary:
     has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
     params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
     loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
+    around_hot: set[int] = field(default_factory=set)  # ids of loops enclosing a training-step loop
 
 
 @dataclass
@@ -186,6 +187,8 @@ class _Summariser:
             self._scan_expressions([node.iter if not isinstance(node, ast.While) else node.test], fn, loops, throttled)
             inner = [*loops, (self._loop_frequency(node, fn), id(node))]
             fn.loops.append(id(node))
+            if inner[-1][0] is Frequency.PER_STEP:
+                fn.around_hot.update(loop_id for _, loop_id in loops)
             fn.has_step_loop |= inner[-1][0] is Frequency.PER_STEP
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
@@ -571,8 +574,8 @@ class CallGraph:
         _, calls_step, calls_rollout = loops.get(site.loop, (False, False, False))
         if calls_step:
             return Frequency.PER_STEP
-        if calls_rollout and site.loop not in self.files[path].loader_loops:
-            return Frequency.PER_ROLLOUT_STEP
+        if calls_rollout and site.loop not in self.files[path].loader_loops and site.loop not in fn.around_hot:
+            return Frequency.PER_ROLLOUT_STEP  # (a loop around the rollout loop runs once per iteration)
         return Frequency.PER_ITERATION
 
     def _loop_calls(self, path: str, fn: FunctionSummary, step_functions: set,
