@@ -920,6 +920,22 @@ def registered_tensors(info: ClassInfo) -> frozenset[str]:
     return _REGISTERED[id(info.node)][1]
 
 
+_PARAMETER_METHODS = frozenset({"parameters", "named_parameters", "modules", "named_modules", "children",
+                                "buffers", "named_buffers"})
+
+
+def _parameter_owners(a: FileAnalysis) -> frozenset[str]:
+    """Names and `self.` attributes whose parameters or submodules the file reads (`model.parameters()`):
+    networks, by how they are used. Computed once per file."""
+    cache = a.__dict__.get("_parameter_owners")
+    if cache is None:
+        cache = frozenset(dotted_name(call.func.value) or "" for call in iter_calls(a.module, into_functions=True)
+                          if method_name(call) in _PARAMETER_METHODS and isinstance(call.func, cst.Attribute)
+                          and not call.args) - {""}
+        a.__dict__["_parameter_owners"] = cache
+    return cache
+
+
 class Evidence:
     """Expression predicates bound to one file and one traversal position."""
 
@@ -1202,6 +1218,8 @@ class Evidence:
                      if b.kind is BindingKind.ASSIGN and b.value is not None]
             if found and all(found):
                 return max(found)
+            if not found and node.value in _parameter_owners(self.a):
+                return Confidence.LOW  # a parameter or a global whose `.parameters()` are read: a network
             return None
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
             info = self.a.enclosing_class(self.ancestors)
@@ -1211,6 +1229,8 @@ class Evidence:
             found = [self.is_module(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN]
             if found and all(found):
                 return max(found)
+            if f"self.{node.attr.value}" in _parameter_owners(self.a):
+                return Confidence.LOW  # `self.actor = actor`, `Adam(self.actor.parameters())`: proven by use
         return None
 
     def is_batch_coupled_module(self, class_info: ClassInfo) -> bool:

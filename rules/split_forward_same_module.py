@@ -276,6 +276,7 @@ class _Site:
     assign: cst.Assign
     call: cst.Call
     template: str  # the value with the call replaced by a placeholder
+    prepared_between: bool = False  # its inputs are computed after the group's first call (independently of it)
 
 
 class SplitForwardSameModule(Rule):
@@ -536,6 +537,24 @@ class SplitForwardSameModule(Rule):
                 optimizer.step()
             """,
         ),
+        Invalid(  # through a method that forwards to the network; the second batch prepared in between
+            """
+            import torch
+            import torch.nn as nn
+            class Learner:
+                def __init__(self):
+                    self.net = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
+                def _evaluate(self, batch):
+                    return self.net(batch)
+                def update(self, batches, optimizer):
+                    for own, other in batches:
+                        own_v = self._evaluate(own)
+                        other = other.float()
+                        other_v = self._evaluate(other)
+                        (own_v - other_v).pow(2).mean().backward()
+                        optimizer.step()
+            """
+        ),
         Valid(  # one built-in layer: cat + one lookup + split is no fewer kernels than two lookups
             """
             import torch.nn as nn
@@ -688,32 +707,42 @@ class SplitForwardSameModule(Rule):
         groups: list[list[_Site]] = []
         open_groups: dict[str, list[_Site]] = {}
         assigned_since: dict[str, set[str]] = {}
+        derived: dict[str, set[str]] = {}  # names computed from the group's outputs so far
         for statement in block.body:
             site = self._site(statement)
             if site is None:
                 if _is_barrier(self.ctx.analysis, statement):
                     groups.extend(g for g in open_groups.values() if len(g) > 1)
-                    open_groups, assigned_since = {}, {}
+                    open_groups, assigned_since, derived = {}, {}, {}
                     continue
                 for key in assigned_since:
-                    assigned_since[key] |= _assigned(statement)
+                    assigned = _assigned(statement)
+                    assigned_since[key] |= assigned
+                    if dotted_in(statement) & derived[key]:
+                        derived[key] |= assigned
                 continue
             key = self._key(site)
             group = open_groups.get(key)
             if group is not None:
                 uses = dotted_in(site.call)
                 texts = {code_of(s.call) for s in group}
-                if uses & assigned_since[key] or code_of(site.call) in texts:
+                if uses & derived[key] or code_of(site.call) in texts:
                     if len(group) > 1:
                         groups.append(group)
                     group = None
+                elif uses & assigned_since[key]:
+                    # its batch is prepared after the first call, but not from its outputs (`policy_d =
+                    # net(a)`, `b = load()`, `expert_d = net(b)`): mergeable once the preparation moves up
+                    site.prepared_between = True
             if group is None:
                 open_groups[key] = [site]
                 assigned_since[key] = set()
+                derived[key] = set()
             else:
                 group.append(site)
             for other in assigned_since:
                 assigned_since[other] |= _assigned(statement)
+            derived[key] |= _assigned(statement)
         groups.extend(g for g in open_groups.values() if len(g) > 1)
         return groups
 
@@ -739,6 +768,8 @@ class SplitForwardSameModule(Rule):
         facts, why_not = self._facts_and_blockers(calls[0], kind, differing, calls)
         if why_not == _SILENT:
             return
+        if why_not is None and any(s.prepared_between for s in group):
+            why_not = "a later batch is prepared between the calls; move its preparation above the first call"
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
         replacement = None
@@ -832,6 +863,8 @@ class SplitForwardSameModule(Rule):
                     and _wraps_module(self.ctx.analysis, defs[0]):
                 return "wrapper"
             return None
+        if self._forwarded(call) is not None:
+            return "method"
         facts = self.modules.of_callee(func, self.ctx.ancestors)
         if facts is not None:
             return None if facts.loss or not facts.parametric or facts.single_layer else "module"
@@ -843,8 +876,46 @@ class SplitForwardSameModule(Rule):
                     return "module"
         return None
 
+    def _forwarded(self, call: cst.Call) -> cst.Call | None:
+        """For `self._evaluate(batch)` whose method body is `return self.net(batch)` (its first parameter passed
+        first) with `self.net` a network: that inner call. None for anything else."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"):
+            return None
+        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
+        if info is None:
+            return None
+        method = next((n for n in info.node.body.body if isinstance(n, cst.FunctionDef)  # type: ignore[union-attr]
+                       and n.name.value == func.attr.value), None)
+        if method is None or len(method.params.params) < 2 or not isinstance(method.body, cst.IndentedBlock):
+            return None
+        statements = [st for st in method.body.body if not (isinstance(st, cst.SimpleStatementLine) and isinstance(
+            st.body[0], cst.Expr) and isinstance(st.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))]
+        if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+            return None
+        returned = statements[0].body[0]
+        inner = returned.value if isinstance(returned, cst.Return) else None
+        if not isinstance(inner, cst.Call) or not isinstance(inner.func, cst.Attribute) or inner.func is func \
+                or not isinstance(inner.func.value, cst.Name) or inner.func.value.value != "self":
+            return None
+        first = method.params.params[1].name.value
+        if not inner.args or inner.args[0].keyword is not None or dotted_name(inner.args[0].value) != first:
+            return None
+        facts = self.modules.of_callee(inner.func, self.ctx.ancestors)
+        if facts is None and not MODULE_NAME.search(inner.func.attr.value):
+            return None
+        if facts is not None and (facts.loss or not facts.parametric or facts.single_layer):
+            return None
+        return inner
+
     def _facts_and_blockers(self, call: cst.Call, kind: str, differing: list[int],
                             calls: Sequence[cst.Call]) -> tuple[ModuleFacts | None, str | None]:
+        if kind == "method":  # `self._evaluate(a)`, `self._evaluate(b)`: judged by the network it forwards to
+            inner = self._forwarded(call)
+            assert inner is not None
+            facts, why_not = self._facts_and_blockers(inner, "module", differing, calls)
+            return facts, why_not or (f"the calls go through `{code_of(call.func)}`: concatenate the batches and "
+                                      f"call it once, then split its outputs")
         if kind == "wrapper":
             fn = self.ctx.analysis.functions[dotted_name(call.func) or ""][0]
             if len(differing) != 1:
