@@ -1117,7 +1117,12 @@ class Evidence:
             func = dotted_name(node.func) or ""
             if func.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter", "islice", "zip", "trange") and node.args:
                 return self.is_loader(node.args[0].value, depth + 1)
-            return False
+            return isinstance(node.func, cst.Name) and self._returns_loader(node.func.value)
+        if isinstance(node, cst.Subscript):  # `loaders[phase]` of `loaders = {"train": DataLoader(...), ...}`
+            return self.is_loader(node.value, depth + 1)
+        if isinstance(node, cst.Dict):
+            return bool(node.elements) and all(isinstance(e, cst.DictElement) and self.is_loader(e.value, depth + 1)
+                                               for e in node.elements)
         dotted = dotted_name(node)
         if dotted is None:
             return False
@@ -1128,6 +1133,15 @@ class Evidence:
                        for b in self.a.bindings_of(node.value, self.ancestors))
         return False
 
+    def _returns_loader(self, name: str) -> bool:
+        """`def make_loader(ds): return DataLoader(ds, ...)`, defined once in this file."""
+        definitions = self.a.functions.get(name, [])
+        if len(definitions) != 1:
+            return False
+        returned = [n.value for n in walk(definitions[0].body) if isinstance(n, cst.Return) and n.value is not None]
+        return bool(returned) and all(isinstance(value, cst.Call) and (
+            self.a.call_qualname(value) or "").endswith("DataLoader") for value in returned)
+
     def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory."""
         if depth > 5:
@@ -1136,6 +1150,8 @@ class Evidence:
             qual = self.a.call_qualname(node) or ""
             if qual == "torch.from_numpy":
                 return True
+            if qual == "torch.autograd.Variable" and node.args:  # the legacy wrapper returns its tensor
+                return self.is_cpu_source(node.args[0].value, depth + 1)
             if isinstance(node.func, cst.Attribute) and method_name(node) not in ("to", "cuda") \
                     and self.is_loader(node.func.value):
                 return True  # `train_loader.next_batch()`: a batch a loader built on the host

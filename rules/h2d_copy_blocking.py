@@ -161,6 +161,30 @@ class H2dCopyBlocking(Rule):
                 opt.step()
             """,
         ),
+        Invalid(  # loaders reached through a helper, a dict of phases and the legacy Variable wrapper
+            """
+            from torch.autograd import Variable
+            from torch.utils.data import DataLoader
+            def make_loader(ds):
+                return DataLoader(ds, batch_size=64, shuffle=True)
+            loaders = {"train": make_loader(train_set), "val": make_loader(val_set)}
+            for x, y in tqdm(loaders["train"]):
+                x = Variable(x, requires_grad=True).to(device)
+                criterion(model(x), y.cuda()).backward()
+                optimizer.step()
+            """,
+            fixed="""
+            from torch.autograd import Variable
+            from torch.utils.data import DataLoader
+            def make_loader(ds):
+                return DataLoader(ds, batch_size=64, shuffle=True)
+            loaders = {"train": make_loader(train_set), "val": make_loader(val_set)}
+            for x, y in tqdm(loaders["train"]):
+                x = Variable(x, requires_grad=True).to(device, non_blocking=True)
+                criterion(model(x), y.cuda(non_blocking=True)).backward()
+                optimizer.step()
+            """,
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),
