@@ -81,7 +81,6 @@ class HostDataToDevicePerStep(Rule):
     message = "Host data turned into a GPU tensor every step: a pageable host-to-device copy per call"
     fix_title = "Copy through pinned memory without blocking the host"
     severity = Severity.WARNING
-    safety = Safety.UNSAFE
     priority = "P2"
     triggers = ("from_numpy", "tensor(", "Tensor(")
     examples = [
