@@ -85,7 +85,6 @@ class EvalWithoutNoGrad(Rule):
     severity = Severity.INFO
     safety = Safety.SAFE
     priority = "P3"
-    default_enabled = False
     triggers = ("val", "test", "eval", "predict", "infer", "dev", "step(", "play", "simulat")
     examples = [
         Valid(
