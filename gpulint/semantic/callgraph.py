@@ -428,6 +428,28 @@ class CallGraph:
                     return found
         return []
 
+    def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
+        """`self.pick_action(state)` in a base class that does not define it: the subclasses' definitions (a
+        template method: `Base_Agent.step` calls what `DQN` or `PPO` provides)."""
+        found = []
+        for name, places in self._classes.items():
+            if name == class_name or len(places) != 1:
+                continue
+            path, _ = places[0]
+            if self._inherits(path, name, class_name) and f"{name}.{method}" in self.files[path].functions:
+                found.append((path, f"{name}.{method}"))
+        return found
+
+    def _inherits(self, path: str, class_name: str, ancestor: str, depth: int = 0) -> bool:
+        bases = self.files[path].classes.get(class_name, [])
+        if ancestor in bases:
+            return True
+        for base in bases:
+            places = self._classes.get(base, [])
+            if depth < 6 and len(places) == 1 and self._inherits(places[0][0], base, ancestor, depth + 1):
+                return True
+        return False
+
     def resolve(self, path: str, fn: FunctionSummary, target: tuple[str, ...]) -> list[tuple[str, str]]:
         """The definitions a call site may run (empty when unknown or ambiguous)."""
         key = (path, fn.key, target)
@@ -455,7 +477,7 @@ class CallGraph:
         if kind == "self":
             if fn.class_name is None:
                 return []
-            return self._method(path, fn.class_name, target[1])
+            return self._method(path, fn.class_name, target[1]) or self._overrides(fn.class_name, target[1])
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
             return self._env_methods()
