@@ -4,8 +4,8 @@ import re
 
 import libcst as cst
 
-from gpulint import Invalid, Rule, Severity, Valid
-from gpulint.analysis import BindingKind, HotKind, call_arg, dotted_name, method_name, walk
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import BindingKind, HotKind, call_arg, child_nodes, dotted_name, method_name, walk
 from gpulint.rule import RuleContext
 from gpulint.semantic.placement import (
     HOST,
@@ -141,13 +141,23 @@ class HostSyncInHotLoop(Rule):
     Read values every N steps, use `torch._assert_async` for checks and `torch.cuda.Event` for timing.
 
     ## Fix safety
-    No automatic fix: where to accumulate and when to read back is a decision about the program's output.
+    Unsafe fix for the common bookkeeping shapes, as a statement of their own in the loop body:
+    `losses.append(loss.item())`, `total += loss.item()` and `stats["key"] += loss.item()` (also times a size,
+    `loss.item() * x.size(0)`), where the list, number or dict was bound to a literal (`[]`, `0.0`,
+    `{"key": 0.0}`). `.item()` becomes `.detach()`, and the container is converted back to Python numbers once:
+    right after the outermost loop that does nothing else with it, and at the top of each `if step % N == 0:`
+    block that reads it (the logging interval). Values are the same; sums accumulate on the GPU in the tensor's
+    dtype (float32) instead of float64 on the host, so the last digits of a long sum can differ. No fix when
+    anything else in the loop reads or rebinds the container, when the loop can end early (`break`, `return`),
+    or for other reads (`if loss.item() > x`, `print(loss.item())`): there the program needs the value now.
     """
 
     code = "GPU005"
     name = "host-sync-in-hot-loop"
     message = "Host sync in the training step: this reads a GPU value on the host and waits for the GPU"
+    fix_title = "Keep the values on the device and read them once after the loop"
     severity = Severity.WARNING
+    safety = Safety.UNSAFE
     priority = "P1"
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
                 ".format(", "log", "add_scalar", "numpy(", "math.")
@@ -341,6 +351,37 @@ class HostSyncInHotLoop(Rule):
             """,
             count=1,
         ),
+        Invalid(  # per-step reads of the loss into a list: kept on the device, read once when the loop ends
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def train(model, loader, optimizer):
+                losses = []
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    losses.append(loss.item())
+                return sum(losses) / len(losses)
+            """,
+            fixed="""
+            import torch
+            import torch.nn.functional as F
+
+            def train(model, loader, optimizer):
+                losses = []
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    losses.append(loss.detach())
+                losses[:] = [v.item() if isinstance(v, torch.Tensor) else v for v in losses]
+                return sum(losses) / len(losses)
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -354,6 +395,22 @@ class HostSyncInHotLoop(Rule):
             """,
         ),
     ]
+
+    # 50 optimizer steps of a small MLP, the loss read every step vs kept on the device and read after the loop
+    micro_check = MicroCheck(
+        kinds=("EQ",),
+        setup=("model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))\n"
+               "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+               "x = torch.randn(64, 256)\ny = torch.randn(64, 1)"),
+        before=("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().mean()\n"
+                "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append(loss.item())\n"
+                "out = torch.tensor(losses)"),
+        after=("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().mean()\n"
+               "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append(loss.detach())\n"
+               "losses[:] = [v.item() if isinstance(v, torch.Tensor) else v for v in losses]\n"
+               "out = torch.tensor(losses)"),
+        compare=("out",),
+    )
 
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__(ctx)
@@ -447,12 +504,18 @@ class HostSyncInHotLoop(Rule):
             return
         if severity is Severity.WARNING and self.ctx.hot_kind() is HotKind.ROLLOUT:
             self.report(node, f"{what} in a rollout or search step: the host waits for the GPU every move or "
-                              "simulation; read the outputs back in one copy, evaluate many positions per call, "
-                              "or run a small network on the CPU", severity=severity)
+                              "simulation; read the outputs back in one copy, evaluate many environments or "
+                              "positions per call, or run a small network on the CPU", severity=severity)
             return
         suffix = " (inside an evaluation block: informational)" if severity is Severity.INFO else ""
+        replacements, imports = (), ()
+        if severity is Severity.WARNING and isinstance(node, cst.Call) and method_name(node) == "item":
+            plan = _deferred_read(self.ctx, node)
+            if plan is not None:
+                replacements, imports = plan
         self.report(node, f"{what}: reads a GPU value on the host and waits for all queued GPU work; accumulate "
-                          f"on the device and read it every N steps{suffix}", severity=severity)
+                          f"on the device and read it every N steps{suffix}", severity=severity,
+                    replacements=replacements, imports=imports, note=_DEFER_NOTE if replacements else None)
 
     # -- visitors ----------------------------------------------------------------------------
 
@@ -526,3 +589,278 @@ class HostSyncInHotLoop(Rule):
         for value in values:
             if placement.may_be_on_device(value):
                 self._emit(value, "`%`-formatting a tensor", severity)
+
+
+# -- the fix: accumulate on the device, read once after the loop ---------------------------------------------
+
+_DEFER_NOTE = ("unsafe fix: the values stay on the device (`.detach()`) and are read back once, after the loop "
+               "(or where an every-N-steps block reads them); sums accumulate in the tensor's dtype on the GPU "
+               "instead of float64 on the host")
+_SIZE_CALLS = {"len", "size", "numel", "dim"}
+
+
+def _deferred_read(ctx: RuleContext, call: cst.Call
+                   ) -> tuple[tuple[tuple[cst.CSTNode, cst.CSTNode], ...], tuple] | None:
+    """`losses.append(loss.item())` / `total += loss.item()` / `stats["k"] += loss.item()` as a statement of its
+    own in the body of a loop: the loop with `.item()` made `.detach()` and the container converted back to
+    Python numbers when the loop ends (an `else:` clause, which runs after the last iteration) and at the top of
+    every `if step % N == 0:` block that reads it. None where that is not provably all the loop does with it."""
+    ancestors = ctx.ancestors
+    line_at = next((i for i in range(len(ancestors) - 1, -1, -1) if isinstance(ancestors[i], cst.SimpleStatementLine)),
+                   None)
+    if line_at is None or line_at < 2:
+        return None
+    line, block, loop = ancestors[line_at], ancestors[line_at - 1], ancestors[line_at - 2]
+    if len(line.body) != 1 or not isinstance(loop, (cst.For, cst.While)) or loop.body is not block:
+        return None
+    target = _accumulation_target(line.body[0], call)
+    if target is None:
+        return None
+    root, key = target
+    function = next((n for n in reversed(ancestors[:line_at]) if isinstance(n, (cst.FunctionDef, cst.Lambda))), None)
+    if isinstance(function, cst.Lambda) or not _literal_start(ctx, root, key, line.body[0]):
+        return None
+    # the outermost enclosing loop (within the function) whose other statements never read the container, except
+    # in every-N-steps blocks
+    outer_at = line_at - 2
+    for index in range(line_at - 3, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            break
+        if isinstance(node, (cst.For, cst.While)):
+            if _conflicting_refs(ctx, node, root, key, line) is None:
+                break
+            outer_at = index
+    outer = ancestors[outer_at]
+    assert isinstance(outer, (cst.For, cst.While))
+    amortised_blocks = _conflicting_refs(ctx, outer, root, key, line)
+    if amortised_blocks is None or _leaves_early(outer):
+        return None
+    tensor, imports = ctx.spell("torch.Tensor")
+    if key is None and isinstance(line.body[0], cst.Expr):
+        convert = f"{root}[:] = [v.item() if isinstance(v, {tensor}) else v for v in {root}]"
+    else:
+        item = root if key is None else f"{root}[{ctx.code(key)}]"
+        convert = f"{item} = {item}.item() if isinstance({item}, {tensor}) else {item}"
+    # the conversion goes right after the loop: before the next statement when that is a simple one, else in an
+    # `else:` clause of the loop (it runs once the last iteration is done; the loop has no `break`)
+    parent = ancestors[outer_at - 1] if outer_at >= 1 else None
+    following = None
+    if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+        body = list(parent.body)
+        at = next(i for i, statement in enumerate(body) if statement is outer)
+        following = body[at + 1] if at + 1 < len(body) else None
+    if isinstance(following, cst.SimpleStatementLine) and not following.leading_lines:
+        new_loop = outer.visit(_Defer(call, convert, amortised_blocks, in_else=False))
+        default = ctx.module.default_indent
+        indent = "".join(b.indent if b.indent is not None else default for b in ancestors[:outer_at]
+                         if isinstance(b, cst.IndentedBlock))
+        first = following.body[0]
+        return ((outer, new_loop), (first, f"{convert}\n{indent}{ctx.code(first).rstrip()}")), imports
+    if _ends_with_comment(outer):
+        return None  # an `else:` clause would come after the comment closing the loop's last line
+    new_loop = outer.visit(_Defer(call, convert, amortised_blocks, in_else=True))
+    return ((outer, new_loop),), imports
+
+
+def _ends_with_comment(node: cst.CSTNode) -> bool:
+    last = None
+    stack = [node]
+    while stack:  # pre-order in source order: the last simple statement seen ends the node
+        current = stack.pop()
+        if isinstance(current, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            last = current
+            continue
+        stack.extend(reversed(child_nodes(current)))
+    trailing = last.trailing_whitespace if last is not None else None
+    return trailing is not None and trailing.comment is not None
+
+
+def _accumulation_target(small: cst.BaseSmallStatement, call: cst.Call
+                         ) -> tuple[str, cst.BaseExpression | None] | None:
+    """(container name, subscript key or None) of `name.append(E)` / `name += E` / `name[key] += E`, where E is
+    the `.item()` call, possibly in arithmetic with Python sizes (`loss.item() * x.size(0)`)."""
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and method_name(small.value) == "append" \
+            and isinstance(small.value.func, cst.Attribute) and isinstance(small.value.func.value, cst.Name) \
+            and len(small.value.args) == 1 and small.value.args[0].keyword is None and not small.value.args[0].star:
+        value, root, key = small.value.args[0].value, small.value.func.value.value, None
+    elif isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.AddAssign):
+        value, key = small.value, None
+        target = small.target
+        if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1 \
+                and isinstance(target.slice[0].slice, cst.Index) \
+                and isinstance(target.slice[0].slice.value, (cst.SimpleString, cst.Integer)):
+            root, key = target.value.value, target.slice[0].slice.value
+        elif isinstance(target, cst.Name):
+            root = target.value
+        else:
+            return None
+    else:
+        return None
+    if not _only_sizes_besides(value, call):
+        return None
+    return root, key
+
+
+def _only_sizes_besides(value: cst.BaseExpression, call: cst.Call) -> bool:
+    """`value` is `call`, or arithmetic of it with names, numbers and sizes (`len(x)`, `x.size(0)`)."""
+    if value is call:
+        return True
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract, cst.Multiply,
+                                                                             cst.Divide)):
+        found = [n for n in walk(value) if n is call]
+        if not found:
+            return False
+        inside = {id(n) for n in walk(call)}
+        for node in walk(value):
+            if id(node) in inside or not isinstance(node, cst.Call):
+                continue
+            name = node.func.value if isinstance(node.func, cst.Name) else method_name(node)
+            if name not in _SIZE_CALLS:
+                return False
+        return True
+    return False
+
+
+def _literal_start(ctx: RuleContext, root: str, key: cst.BaseExpression | None, small: cst.CSTNode) -> bool:
+    """Every binding of the container is a literal: `[]` for a list, a number for a sum, a dict literal holding a
+    number under `key`; so converting back gives the Python values the original had."""
+    bindings = ctx.analysis.bindings_of(root, ctx.ancestors)
+    if not any(b.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) for b in bindings):
+        return False
+    for binding in bindings:
+        value = binding.value
+        if binding.kind is BindingKind.AUGMENT:
+            continue  # `total += ...` itself
+        if binding.kind is BindingKind.UNPACK and key is None and not isinstance(small, cst.Expr):
+            value = _unpacked(value, binding.path)  # `running, correct = 0.0, 0`
+        elif binding.kind is not BindingKind.ASSIGN:
+            return False
+        if value is None:
+            return False
+        if isinstance(small, cst.Expr):
+            if not isinstance(value, cst.List) or value.elements:
+                return False
+        elif key is None:
+            if not _number(value):
+                return False
+        else:
+            if not isinstance(value, cst.Dict):
+                return False
+            entries = [e for e in value.elements if isinstance(e, cst.DictElement)
+                       and ctx.code(e.key) == ctx.code(key)]
+            if len(entries) != 1 or not _number(entries[0].value):
+                return False
+    return True
+
+
+def _unpacked(value: cst.BaseExpression | None, path: tuple[int, ...]) -> cst.BaseExpression | None:
+    """The element of the right-hand side `x, y` that a name of `a, b = x, y` receives (its index path)."""
+    for index in path:
+        if not isinstance(value, (cst.Tuple, cst.List)) or index >= len(value.elements) or any(
+                isinstance(e, cst.StarredElement) for e in value.elements):
+            return None
+        value = value.elements[index].value
+    return value
+
+
+def _number(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float))
+
+
+def _conflicting_refs(ctx: RuleContext, loop: cst.CSTNode, root: str, key: cst.BaseExpression | None,
+                      line: cst.CSTNode) -> list[cst.If] | None:
+    """The every-N-steps `if` blocks of `loop` that read the container, or None when something else in the loop
+    reads or rebinds it (another key of the same dict does not count)."""
+    skip = {id(n) for n in walk(line)}
+    blocks: list[cst.If] = []
+    stack: list[tuple[cst.CSTNode, cst.If | None, cst.CSTNode | None]] = [(loop, None, None)]
+    while stack:
+        node, amortised_if, parent = stack.pop()
+        if id(node) in skip:
+            continue
+        if isinstance(node, cst.Name) and node.value == root:
+            if key is not None and isinstance(parent, cst.Subscript) and parent.value is node \
+                    and len(parent.slice) == 1 and isinstance(parent.slice[0].slice, cst.Index) \
+                    and isinstance(parent.slice[0].slice.value, (cst.SimpleString, cst.Integer)) \
+                    and ctx.code(parent.slice[0].slice.value) != ctx.code(key):
+                continue  # another accumulator of the same dict
+            if amortised_if is None:
+                return None
+            if not any(b is amortised_if for b in blocks):
+                blocks.append(amortised_if)
+            continue
+        if isinstance(node, cst.If) and amortised_if is None and _every_n(node.test):
+            for child in child_nodes(node):
+                stack.append((child, node if child is node.body else None, node))
+            continue
+        for child in child_nodes(node):
+            stack.append((child, amortised_if, node))
+    return blocks
+
+
+def _every_n(test: cst.BaseExpression) -> bool:
+    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
+               and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+               for n in walk(test))
+
+
+def _leaves_early(loop: cst.For | cst.While) -> bool:
+    """A `break` of this loop, or a `return`/`yield` anywhere in it: its `else:` clause would not run."""
+    stack: list[tuple[cst.CSTNode, bool]] = [(child, True) for child in child_nodes(loop.body)]
+    while stack:
+        node, own = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(node, (cst.Return, cst.Yield)) or (own and isinstance(node, cst.Break)):
+            return True
+        nested = isinstance(node, (cst.For, cst.While))
+        for child in child_nodes(node):
+            stack.append((child, own and not (nested and child is node.body)))
+    return False
+
+
+class _Defer(cst.CSTTransformer):
+    """`.item()` -> `.detach()` at the site; the conversion at the top of the given `if` blocks and in `else:`."""
+
+    def __init__(self, call: cst.Call, convert: str, blocks: list[cst.If], in_else: bool) -> None:
+        super().__init__()
+        self.call, self.blocks, self.top, self.in_else = call, {id(b) for b in blocks}, None, in_else
+        self.convert = cst.parse_statement(convert)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.top = self.top or node
+
+    def visit_While(self, node: cst.While) -> None:
+        self.top = self.top or node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node is self.call:
+            assert isinstance(updated_node.func, cst.Attribute)
+            return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("detach")))
+        return updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if id(original_node) in self.blocks and isinstance(updated_node.body, cst.IndentedBlock):
+            body = updated_node.body
+            return updated_node.with_changes(body=body.with_changes(body=[self.convert, *body.body]))
+        return updated_node
+
+    def _with_else(self, original_node, updated_node):  # noqa: ANN001, ANN202 - For or While
+        if original_node is not self.top or not self.in_else:
+            return updated_node
+        if updated_node.orelse is None:
+            return updated_node.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=[self.convert])))
+        block = updated_node.orelse.body
+        if not isinstance(block, cst.IndentedBlock):
+            return updated_node
+        return updated_node.with_changes(orelse=updated_node.orelse.with_changes(
+            body=block.with_changes(body=[self.convert, *block.body])))
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        return self._with_else(original_node, updated_node)
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
+        return self._with_else(original_node, updated_node)
