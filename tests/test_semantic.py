@@ -139,3 +139,29 @@ def test_loop_keys_agree_between_the_call_graph_and_the_per_file_analysis() -> N
     analysis = analyze(module, None, ProgramFacts(sources={"s.py": text}).calls_for("s.py"))
     loops = [node for node in _walk(module) if isinstance(node, cst.For)]
     assert [analysis.hot.get(id(loop)) for loop in loops] == [None, None, HotKind.ROLLOUT]
+
+
+def test_attribute_set_to_none_first_takes_its_later_values() -> None:
+    """`self.returns = None` in __init__, a tensor later: reading it back per rollout step is a sync."""
+    from gpulint.engine import lint_text
+    from gpulint.registry import all_rules
+    text = ("import torch\n"
+            "device = torch.device('cuda')\n"
+            "class Relabel(torch.nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.trunk = torch.nn.Linear(4, 1).to(device)\n"
+            "        self.returns = None\n"
+            "    def predict(self, x, masks):\n"
+            "        reward = torch.sigmoid(self.trunk(x))\n"
+            "        if self.returns is None:\n"
+            "            self.returns = reward.clone()\n"
+            "        self.returns = self.returns * masks + reward\n"
+            "        return self.returns.cpu().numpy()\n"
+            "def main(relabel, envs, steps):\n"
+            "    obs = envs.reset()\n"
+            "    for step in range(steps):\n"
+            "        obs, reward, done, info = envs.step(relabel.predict(obs, 1.0))\n")
+    rules = [r for r in all_rules() if r.code == "GPU005"]
+    found = [d.line for d in lint_text(text, "relabel.py", rules).diagnostics]
+    assert 13 in found

@@ -373,6 +373,8 @@ class Placement:
         if isinstance(node.value, cst.Name) and node.value.value == "self":
             info = self.a.enclosing_class(self.ctx.ancestors)
             bindings = info.attrs.get(attr, []) if info else []
+            if any(not _is_none(b.value) for b in bindings):  # `self.returns = None` until first set: Optional
+                bindings = [b for b in bindings if not _is_none(b.value)]
             kinds = [self.of(b.value, depth + 1, b.order) if b.kind is BindingKind.ASSIGN else None for b in bindings]
             if not kinds or None in kinds:
                 return None
@@ -665,6 +667,10 @@ def _root_of_chain(node: cst.BaseExpression) -> str | None:
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         node = node.func.value
     return dotted_name(node)
+
+
+def _is_none(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
 
 
 def last_name(node: cst.BaseExpression) -> str | None:
