@@ -28,30 +28,23 @@ OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
 MACHINE_FORMATS = ("json", "json-lines", "github", "sarif")
 
 
-class _NotLoaded(Exception):
-    """Stands in for the error classes of modules not imported yet (nothing can raise them before then)."""
-
-
-SelectorError = ConfigError = BaselineError = _NotLoaded
-
-
 def _load() -> None:
     """Import what the commands need, once, into this module's namespace."""
     if "run" in globals():
         return
     from gpulint.cache import CACHE_DIR_NAME
-    from gpulint.config import ConfigError, Layer, Resolver, Settings
+    from gpulint.cache_runs import findable
+    from gpulint.config import Layer, Resolver, Settings
     from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
     from gpulint.discovery import discover, link_problem
     from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
     from gpulint.engine import RuleCrash, lint_text
     from gpulint.fixer import fix_text
-    from gpulint.registry import SelectorError
     from gpulint.reporters import (
         Writer, render_concise, render_diff, render_fixed, render_full, render_github, render_json,
         render_json_lines, render_sarif, render_statistics, render_summary, use_color,
     )
-    from gpulint.reporters.baseline import Baseline, BaselineError, write_baseline
+    from gpulint.reporters.baseline import Baseline, write_baseline
     from gpulint.reporters.text import render_remaining_hint
     from gpulint.runner import RunResult, call_isolated, display_path, run, write_fixed
     from gpulint.source import SourceError, read_source, write_source_atomically
@@ -184,6 +177,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["check"]:
+        return _main(argv)
+    # A `check` whose inputs are those of a recorded all-cached run is answered from the recording, before
+    # anything heavy is imported; any other `check` is traced, and recorded if it qualifies (gpulint.cache_runs).
+    from gpulint import cache_runs
+
+    replayed = cache_runs.replay(argv)
+    if replayed is not None:
+        return replayed
+    global _RECORD_TO
+    _RECORD_TO = None
+    recorder = cache_runs.Recorder(argv).start()
+    code = EXIT_ERROR
+    try:
+        code = _main(argv)
+    finally:
+        if _RECORD_TO is not None and code in (EXIT_CLEAN, EXIT_FINDINGS):
+            recorder.save(_RECORD_TO, code)
+        else:
+            recorder.stop()
+    return code
+
+
+def _users_error(error: Exception) -> bool:
+    """A mistake in the command, the config or a baseline (not a gpulint bug). Its class comes from the module
+    that raised it: `gpulint verify GPU999` fails before `_load()` has imported the names above."""
+    for module, name in (("gpulint.registry", "SelectorError"), ("gpulint.config", "ConfigError"),
+                         ("gpulint.reporters.baseline", "BaselineError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(error, getattr(loaded, name)):
+            return True
+    return False
+
+
+_RECORD_TO: str | None = None  # set by a `check` that may be replayed: the cache folder its recording goes to
+
+
+def _main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["verify"]:  # its own parser: `verify --device cpu`, `verify -h`, `verify GPU011 --format json`
             from gpulint.verify import main as verify_main
@@ -191,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify_main(argv[1:])
         try:
             args = build_parser().parse_args(argv)
+            args.raw_argv = argv
         except SystemExit as exit_:  # argparse: --help, --version, usage errors
             return int(exit_.code or 0)
         _load()
@@ -205,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return verify_main(args.rest)
         return _lint(args)
-    except (SelectorError, ConfigError, UsageError, BaselineError) as error:
+    except UsageError as error:
         print(f"gpulint: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -218,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return EXIT_ERROR
     except Exception as error:  # noqa: BLE001 - a gpulint bug: one line and exit 2, never a traceback with exit 1
+        if _users_error(error):
+            print(f"gpulint: error: {error}", file=sys.stderr)
+            return EXIT_ERROR
         if os.environ.get("GPULINT_DEBUG"):
             raise
         print(f"gpulint: error: internal error: {type(error).__name__}: {' '.join(str(error).split())[:500]} "
@@ -400,6 +435,8 @@ def _lint(args: argparse.Namespace) -> int:
 
     verified = (_verify_before_writing(files.paths, rules, policy, file_rules, file_options, args)
                 if mode.write and not args.no_verify else None)
+    cache_dir = _cache_dir(args, cwd_settings)
+    replayable = False
     if verified is not None and not policy.demoted and not policy.refused_sites:
         result = write_fixed(verified)  # verification changed nothing: write what the checked run produced
     else:
@@ -407,8 +444,14 @@ def _lint(args: argparse.Namespace) -> int:
                        and args.add_noqa is None) as advance:
             result = run(files.paths, rules, fix=mode.fix, write=mode.write, min_safety=Safety.UNSAFE,
                          respect_gitignore=False, can_fix=policy.can_fix, file_filter=file_rules,
-                         options_for=file_options, progress=advance, cache_dir=_cache_dir(args, cwd_settings),
-                         jobs=args.jobs, isolate=True)
+                         options_for=file_options, progress=advance, cache_dir=cache_dir, jobs=args.jobs,
+                         isolate=True)
+            replayable = advance is None  # a progress bar's output is not the run's
+    global _RECORD_TO
+    if (replayable and cache_dir is not None and not mode.fix and args.add_noqa is None and not args.write_baseline
+            and not output_file and not args.verbose and not result.errors
+            and findable(args.raw_argv, str(cache_dir))):
+        _RECORD_TO = str(cache_dir)
     for report in result.files:  # a cached finding carries the path it was shown with when it was stored
         report.diagnostics = [d if d.path == report.path else dataclasses.replace(d, path=report.path)
                               for d in report.diagnostics]

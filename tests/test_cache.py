@@ -79,7 +79,7 @@ def test_editing_gpulint_invalidates_the_results_cache(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     package = tmp_path / "pkg"
-    shutil.copytree(root / "gpulint", package / "gpulint", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "gpulint", package / "gpulint", ignore=shutil.ignore_patterns("__pycache__", "rules"))
     shutil.copytree(root / "rules", package / "gpulint" / "rules", ignore=shutil.ignore_patterns("__pycache__"))
     project = tmp_path / "project"
     project.mkdir()

@@ -369,7 +369,7 @@ def test_verify_accepts_every_documented_form(argv, monkeypatch, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["verify", "--device", "tpu"], "gpulint verify: error: argument --device: invalid choice"),
     (["verify", "GPU999"], "gpulint: error: unknown rule selector 'GPU999'"),
-    (["verify", "GPU005"], "gpulint verify: error: no micro-check for GPU005"),
+    (["verify", "GPU033"], "gpulint verify: error: no micro-check for GPU033"),
 ])
 def test_verify_errors_are_one_line_exit_2(argv, message, capsys):
     from gpulint import cli
