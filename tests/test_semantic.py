@@ -165,3 +165,11 @@ def test_attribute_set_to_none_first_takes_its_later_values() -> None:
     rules = [r for r in all_rules() if r.code == "GPU005"]
     found = [d.line for d in lint_text(text, "relabel.py", rules).diagnostics]
     assert 13 in found
+
+
+def test_precision_markers_ignore_fp32_casts_and_numpy_float64() -> None:
+    from gpulint.semantic.precision import FP64, LOW_PRECISION
+    assert not LOW_PRECISION.search("x = torch.from_numpy(a).to(dtype=torch.float32, device=device)")
+    assert LOW_PRECISION.search("model.to(dtype=ptdtype)") and LOW_PRECISION.search("x.to(dtype=torch.bfloat16)")
+    assert not FP64.search("visits = np.zeros(n, dtype=np.float64)")
+    assert FP64.search("model.double()") and FP64.search("x.to(torch.float64)")

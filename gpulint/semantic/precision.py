@@ -224,5 +224,7 @@ def location(ctx, path: str, line: int) -> str:
 # Text markers (comments included: a mention only ever makes the rules more careful).
 LOW_PRECISION = re.compile(
     r"autocast|\.half\(|\btorch\.half\b|float16|bfloat16|\bbf16\b|\bfp16\b|mixed_precision|GradScaler|"
-    r"\bapex\b|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|\.to\(\s*dtype\s*=")
-FP64 = re.compile(r"float64|\.double\(|torch\.double\b|complex128|set_default_dtype")
+    r"\bapex\b|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|"
+    r"\.to\(\s*dtype\s*=\s*(?!torch\.(float32|float|long|int64|int32|int|bool|uint8)\b)")  # not fp32 / integer casts
+# fp64 (`np.float64` arrays of visit counts or returns are not a float64 network)
+FP64 = re.compile(r"(?<!np\.)(?<!numpy\.)float64|\.double\(|torch\.double\b|complex128|set_default_dtype")
