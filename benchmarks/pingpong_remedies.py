@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
+from results_table import emit  # benchmarks/, the script's own folder
+
 HORIZON, OBS, ACTIONS = 128, 8, 5
 
 
@@ -119,11 +121,7 @@ def main() -> None:
         lines.append(f"| {n} | {width} | {r['pingpong']:.2f} | {r['replica']:.2f} | {r['gpu']:.2f} | "
                      f"x{r['pingpong'] / r['replica']:.2f} | {winner} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

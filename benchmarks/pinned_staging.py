@@ -24,6 +24,8 @@ import time
 import numpy as np
 import torch
 
+from results_table import emit  # benchmarks/, the script's own folder
+
 SIZES = (("344 B (43 int64)", (43,), np.int64), ("176 KB (512x43 int64)", (512, 43), np.int64),
          ("4 MB (1024x1024 fp32)", (1024, 1024), np.float32), ("32 MB (8M fp32)", (8 * 1024 * 1024,), np.float32))
 STEPS = 200
@@ -91,11 +93,7 @@ def main() -> None:
             alone = statistics.median(run(copy, pool, False, w) for _ in range(3))
             lines.append(f"| {label} | {name} | {with_work:.1f} | {alone:.1f} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

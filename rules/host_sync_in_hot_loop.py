@@ -86,6 +86,10 @@ def _acts_in_environment(call: cst.Call) -> bool:
     """`envs.step(actions)`, `self.venv.step_async(actions)`, `game.play(move)`."""
     return method_name(call) in _ACTING_METHODS and isinstance(call.func, cst.Attribute) \
         and bool(_ENV_NAME.search(last_name(call.func.value) or ""))
+# the micro-check's training loop, reading the loss with `read` and converting the list with `after`
+_STEPS = ("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().mean()\n"
+          "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append({read})\n"
+          "{after}out = torch.tensor(losses)")
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log"}
 
 
@@ -402,13 +406,9 @@ class HostSyncInHotLoop(Rule):
         setup=("model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))\n"
                "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
                "x = torch.randn(64, 256)\ny = torch.randn(64, 1)"),
-        before=("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().mean()\n"
-                "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append(loss.item())\n"
-                "out = torch.tensor(losses)"),
-        after=("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().mean()\n"
-               "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append(loss.detach())\n"
-               "losses[:] = [v.item() if isinstance(v, torch.Tensor) else v for v in losses]\n"
-               "out = torch.tensor(losses)"),
+        before=_STEPS.format(read="loss.item()", after=""),
+        after=_STEPS.format(read="loss.detach()",
+                            after="losses[:] = [v.item() if isinstance(v, torch.Tensor) else v for v in losses]\n"),
         compare=("out",),
     )
 

@@ -419,12 +419,16 @@ def statement_indent(ctx: RuleContext) -> tuple[str, str]:
     return indent, unit
 
 
+def _position_among(ancestors: list[cst.CSTNode], node: cst.CSTNode) -> int | None:
+    """The last index of `node` in the ancestor chain, or None."""
+    return max((i for i, a in enumerate(ancestors) if a is node), default=None)
+
+
 def standalone_statement(ctx: RuleContext, node: cst.BaseSmallStatement) -> bool:
     """`node` is the only statement of its line, and that line sits in a block (not `if c: x[m] = v`)."""
     ancestors = ctx.ancestors
-    try:
-        at = max(i for i, a in enumerate(ancestors) if a is node)
-    except ValueError:
+    at = _position_among(ancestors, node)
+    if at is None:
         return False
     line = ancestors[at - 1] if at >= 1 else None
     block = ancestors[at - 2] if at >= 2 else None
@@ -531,9 +535,8 @@ def consumed_as_tensor(ctx: RuleContext, node: cst.CSTNode) -> bool:
     """The current expression `node` is an argument of a torch / torch.nn.functional call or an nn.Module call,
     or the receiver of a tensor-only method: then it is a tensor."""
     ancestors = ctx.ancestors
-    try:
-        at = max(i for i, a in enumerate(ancestors) if a is node)
-    except ValueError:
+    at = _position_among(ancestors, node)
+    if at is None:
         return False
     parent = ancestors[at - 1] if at >= 1 else None
     if isinstance(parent, cst.Attribute) and parent.value is node and at >= 2:
