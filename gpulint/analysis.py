@@ -322,6 +322,8 @@ class FileAnalysis:
         self.function_key: dict[int, str] = {}  # id(FunctionDef) -> "Class.method" / "outer.inner" (call graph key)
         # id(FunctionDef) -> how often its callers run it (program call graph; absent: once or unknown)
         self.call_frequency: dict[int, Frequency] = {}
+        # functions called per step of an evaluation rollout (rare, so not hot, but each call builds a graph)
+        self.evaluation_rollout: set[int] = set()
 
     # -- names -------------------------------------------------------------------------------
 
@@ -773,6 +775,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         frequency = called.get(a.function_key.get(id(fn), ""))
         if frequency is not None:
             a.call_frequency[id(fn)] = frequency
+        if f"{a.function_key.get(id(fn), '')}#rare-rollout" in called:
+            a.evaluation_rollout.add(id(fn))
     # loops around a training-step loop run once per iteration (PPO's `for iteration` loop: collect, bootstrap
     # value, update, log), however many network calls sit directly in them; a loop around an environment loop
     # may still be hot (a tree search's simulation loop steps a game copy in its selection loop)
@@ -790,8 +794,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         resolved = called.get(region.loop_key)  # what the loop's calls resolve to across the program
         if region.any_marker or region.called & step_functions or resolved is Frequency.PER_STEP:
             a.hot.setdefault(id(loop), HotKind.STEP_LOOP)
-        elif region.throttled:
-            continue  # sampling or evaluating every N steps: not per step
+        elif region.throttled or f"{region.loop_key.rsplit('#', 1)[0]}#rare" in called:
+            continue  # sampling or evaluating every N steps (here, or around every call of this function)
         elif region.env_step or (
                 (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
                 and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)

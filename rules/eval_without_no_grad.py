@@ -366,7 +366,8 @@ class EvalWithoutNoGrad(Rule):
         """A function the program calls once per environment step, move or tree-search simulation (the call
         graph's rollout frequency) that runs a network with grad mode on and only uses its output as data
         (`.detach()`, `.cpu()`, `.numpy()`, `.item()`): acting, not training."""
-        if self.ctx.analysis.hot.get(id(node)) is not HotKind.ROLLOUT:
+        if self.ctx.analysis.hot.get(id(node)) is not HotKind.ROLLOUT and id(node) not in \
+                self.ctx.analysis.evaluation_rollout:
             return
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
             return

@@ -492,6 +492,11 @@ class CallGraph:
             found = self._method(path, built, method)
             if found:
                 return found
+        named = receiver.rsplit(".", 1)[-1]
+        if named[:1].isupper() and named in self._classes:  # `MCTS(config).run(...)`: built on the spot
+            found = self._method(path, named, method)
+            if found:
+                return found
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
@@ -533,6 +538,8 @@ class CallGraph:
                              for key, fn in summary.functions.items()
                              if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
         self._trainer_set = self._trainers(step_functions)
+        self._rare = self._rarely_called()
+        self._rare_rollout: set[tuple[str, str]] = set()
         frontier: list[tuple[str, str, Frequency, int]] = []
         for path, summary in self.files.items():
             for key, fn in summary.functions.items():
@@ -547,7 +554,9 @@ class CallGraph:
                     for callee in self.resolve(path, fn, site.target):
                         frontier.append((*callee, self._site_frequency(path, fn, site, step_functions,
                                                                       rollout_functions), 1))
-        seen_depth: dict[tuple[str, str], int] = {}
+                        if (path, key) in self._rare and self._loop_site_frequency(
+                                path, fn, site, step_functions, rollout_functions) >= Frequency.PER_ROLLOUT_STEP:
+                            self._rare_rollout.add(callee)  # per step of an evaluation rollout
         while frontier:
             path, key, frequency, depth = frontier.pop()
             fn = self.files[path].functions[key]
@@ -565,6 +574,30 @@ class CallGraph:
                 for callee in self.resolve(path, fn, site.target):
                     if callee != (path, key):
                         frontier.append((*callee, max(frequency, site.frequency), depth + 1))
+
+    def _rarely_called(self) -> set[tuple[str, str]]:
+        """Functions the program calls only now and then: every call site it has is throttled (`if step %
+        eval_interval == 0: test()`), in an evaluation function, or in another such function. Their loops (a
+        pass over validation states, a sampling loop) run many times per call, but the calls are rare."""
+        callers: dict[tuple[str, str], list[tuple[tuple[str, str], bool]]] = {}
+        for path, summary in self.files.items():
+            for key, fn in summary.functions.items():
+                for site in fn.sites:
+                    for callee in self.resolve(path, fn, site.target):
+                        if callee != (path, key):
+                            callers.setdefault(callee, []).append(((path, key), site.throttled))
+        rare: set[tuple[str, str]] = set()
+        changed = True
+        while changed:
+            changed = False
+            for callee, sites in callers.items():
+                if callee in rare:
+                    continue
+                if all(throttled or caller in rare or vocab.EVAL_FUNCTION.match(caller[1].rsplit(".", 1)[-1])
+                       for caller, throttled in sites):
+                    rare.add(callee)
+                    changed = True
+        return rare
 
     def _trainers(self, step_functions: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Functions that train when called: a step, a step loop, or a call of such a function (fixed point)."""
@@ -588,6 +621,12 @@ class CallGraph:
         """A loop that calls a step function is a step loop; one that calls a rollout step, a rollout loop; a loop
         nested in an update loop (one whose iteration trains: `for update in ...: collect; agent.update()`) runs
         many times per update."""
+        if (path, fn.key) in self._rare and site.frequency is not Frequency.PER_STEP:
+            return min(site.frequency, Frequency.PER_ITERATION)  # a rare call's loops are not rollouts
+        return self._loop_site_frequency(path, fn, site, step_functions, rollout_functions)
+
+    def _loop_site_frequency(self, path: str, fn: FunctionSummary, site: CallSite, step_functions: set,
+                             rollout_functions: set) -> Frequency:
         if site.frequency is not Frequency.PER_ITERATION:
             return site.frequency
         loops = self._loop_calls(path, fn, step_functions, rollout_functions)
@@ -596,7 +635,8 @@ class CallGraph:
         _, calls_step, calls_rollout = loops.get(site.loop, (False, False, False))
         if calls_step:
             return Frequency.PER_STEP
-        if calls_rollout and site.loop not in self.files[path].loader_loops and site.loop not in fn.around_hot:
+        if calls_rollout and site.loop not in self.files[path].loader_loops and site.loop not in fn.around_hot \
+                and not vocab.EVAL_FUNCTION.match(fn.name):
             return Frequency.PER_ROLLOUT_STEP  # (a loop around the rollout loop runs once per iteration)
         return Frequency.PER_ITERATION
 
@@ -622,7 +662,9 @@ class CallGraph:
         """path -> {function key -> frequency} for the functions that run more than once (from their callers),
         and {loop key -> frequency} for loops that are step or rollout loops by what their calls resolve to
         (`for _ in range(sims): prior, value = evaluate(state)` with `evaluate` a network evaluation passed in).
-        A loop key is `<function key>#loop<n>`, n counting the function's loops in source order."""
+        A loop key is `<function key>#loop<n>`, n counting the function's loops in source order; a function the
+        program calls only now and then gets `<function key>#rare`, and one called per step of such a function's
+        rollout (an evaluation episode) `<function key>#rare-rollout`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -642,6 +684,12 @@ class CallGraph:
                                      for site in by_loop.get(loop, ())), default=Frequency.ONCE)
                     if frequency >= Frequency.PER_ROLLOUT_STEP:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}"] = frequency
+        for path, key in self._rare:
+            found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
+        for path, key in self._rare_rollout:
+            if self.frequency.get((path, key), Frequency.ONCE) >= Frequency.PER_ROLLOUT_STEP:
+                continue
+            found.setdefault(path, {})[f"{key}#rare-rollout"] = Frequency.PER_ROLLOUT_STEP
         return found
 
     def step_names(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
