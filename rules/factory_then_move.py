@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name
+from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import DEVICE, TENSOR, Placement
@@ -134,6 +134,18 @@ class FactoryThenMove(Rule):
             table = table.to(device)
             """
         ),
+        Valid(  # filled row by row on the CPU before the move: creating it on the GPU would make the fill slower
+            """
+            import torch
+            for step in range(1000):
+                feats = torch.zeros(len(items), 64)
+                for i, item in enumerate(items):
+                    feats[i] = encode(item)
+                feats = feats.cuda()
+                model(feats).sum().backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # two statements in the training step: reported at the factory, no fix (the move is conditional)
             """
             import torch
@@ -259,11 +271,13 @@ class FactoryThenMove(Rule):
         if not isinstance(moved, cst.Name) or is_test_path(self.ctx.path):
             return
         move = self._move(node, name)
-        if not (self.ctx.in_hot_region() or self.ctx.in_loop()) or move is None:
+        if not self.ctx.in_hot_region() or move is None:
             return
         bindings = Placement(self.ctx).reaching(moved.value)
         if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
             return
+        if self._filled_before_move(moved.value, bindings[0].order):
+            return  # `feats = torch.zeros(n, d)`, rows written on the CPU, then moved: a different trade-off
         factory = bindings[0].value
         if not isinstance(factory, cst.Call) or self._factory_kind(factory) is None \
                 or any(arg.star for arg in factory.args) or call_arg(factory, "device") is not None \
@@ -274,6 +288,28 @@ class FactoryThenMove(Rule):
         self._reported_factories.add(id(factory))
         self.report(factory, f"Tensor created on the CPU and moved to the device by a later `.{name}()`: pass "
                              f"`device={self.ctx.code(move[0])}` to the factory")
+
+    def _filled_before_move(self, name: str, since: int) -> bool:
+        """Is `name` written in place (`name[i] = ...`, `name.copy_(...)`, `name += ...`) between its factory and
+        the current statement?"""
+        function = self.ctx.enclosing(cst.FunctionDef)
+        scope = function.body if isinstance(function, cst.FunctionDef) else self.ctx.module
+        order = self.ctx.analysis.order
+        here = self.ctx.analysis.statement_order(self.ctx.ancestors)
+        current = 0
+        for inner in walk(scope):
+            current = order.get(id(inner), current)
+            if not since < current < here:
+                continue
+            if isinstance(inner, (cst.Assign, cst.AugAssign)):
+                targets = [t.target for t in inner.targets] if isinstance(inner, cst.Assign) else [inner.target]
+                if any(isinstance(t, cst.Subscript) and dotted_name(t.value) == name for t in targets) or (
+                        isinstance(inner, cst.AugAssign) and dotted_name(inner.target) == name):
+                    return True
+            if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) \
+                    and inner.func.attr.value.endswith("_") and dotted_name(inner.func.value) == name:
+                return True
+        return False
 
     def _move(self, node: cst.Call, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression | None] | None:
         """(device expression, dtype expression or None) of `.cuda(...)` / `.to(...)`, None if not a plain move."""
