@@ -173,3 +173,30 @@ def test_precision_markers_ignore_fp32_casts_and_numpy_float64() -> None:
     assert LOW_PRECISION.search("model.to(dtype=ptdtype)") and LOW_PRECISION.search("x.to(dtype=torch.bfloat16)")
     assert not FP64.search("visits = np.zeros(n, dtype=np.float64)")
     assert FP64.search("model.double()") and FP64.search("x.to(torch.float64)")
+
+
+def test_memoised_and_leaving_branches_are_not_per_step() -> None:
+    """`if key not in cache:`, `@lru_cache` and `if done: ...; break` run once (per key, per loop), not per step."""
+    from gpulint.engine import lint_text
+    from gpulint.registry import all_rules
+    text = ("import functools\n"
+            "import numpy as np\n"
+            "import torch\n"
+            "cache = {}\n"
+            "@functools.lru_cache(maxsize=None)\n"
+            "def window(n):\n"
+            "    return torch.from_numpy(np.hanning(n)).to('cuda')\n"
+            "def mel(n):\n"
+            "    if n not in cache:\n"
+            "        cache[n] = torch.from_numpy(np.ones(n)).to('cuda')\n"
+            "    return cache[n]\n"
+            "for step in range(1000):\n"
+            "    x = torch.from_numpy(batch()).to('cuda')\n"
+            "    loss = model(x * window(64) * mel(64)).sum()\n"
+            "    loss.backward()\n"
+            "    optimizer.step()\n"
+            "    if converged(loss):\n"
+            "        final = torch.from_numpy(report()).to('cuda')\n"
+            "        break\n")
+    rules = [r for r in all_rules() if r.code == "GPU013"]
+    assert [d.line for d in lint_text(text, "train.py", rules).diagnostics] == [13]

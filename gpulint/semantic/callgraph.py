@@ -142,6 +142,11 @@ def _iterates_loader(loop: ast.AST) -> bool:
                for n in ast.walk(loop.iter))
 
 
+def _leaves(body: list[ast.stmt]) -> bool:
+    """Ends by leaving the loop around it (a `return` leaves the function: per call, which may be per step)."""
+    return bool(body) and isinstance(body[-1], (ast.Break, ast.Raise))
+
+
 def _throttling(test: ast.expr) -> bool:
     names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
@@ -201,8 +206,9 @@ class _Summariser:
         if isinstance(node, ast.If):
             self._scan_expressions([node.test], fn, loops, throttled)
             gated = throttled or _throttling(node.test)
-            self._visit_block(node.body, fn, loops, gated, owner)
-            self._visit_block(node.orelse, fn, loops, gated, owner)
+            # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
+            self._visit_block(node.body, fn, loops, gated or bool(loops) and _leaves(node.body), owner)
+            self._visit_block(node.orelse, fn, loops, gated or bool(loops) and _leaves(node.orelse), owner)
             return
         if isinstance(node, (ast.With, ast.AsyncWith)):
             self._scan_expressions([item.context_expr for item in node.items], fn, loops, throttled)

@@ -685,11 +685,16 @@ def last_name(node: cst.BaseExpression) -> str | None:
 
 def amortised(ctx: RuleContext) -> bool:
     """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
-    region (or the function) that contains it? Such code runs once every N steps."""
+    region (or the function) that contains it? Such code runs once every N steps. So is a memoising branch
+    (`if key not in cache:`), a branch that breaks out of the step loop, and a `@lru_cache` function."""
     ancestors = ctx.ancestors
     hot = ctx.analysis.hot
     for index in range(len(ancestors) - 2, -1, -1):
         node = ancestors[index]
+        if isinstance(node, cst.FunctionDef) and any(
+                (dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "")
+                .rsplit(".", 1)[-1] in _MEMOISING for d in node.decorators):
+            return True  # `@lru_cache`: computed once per argument
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
             return False
         if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
@@ -697,7 +702,18 @@ def amortised(ctx: RuleContext) -> bool:
                    and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
                    for n in walk(node.test)):
                 return True
+            if isinstance(node.test, cst.Comparison) and any(isinstance(c.operator, cst.NotIn)
+                                                              for c in node.test.comparisons):
+                return True  # `if key not in cache: cache[key] = ...`: once per key
+            body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
+            loop = next((n for n in reversed(ancestors[:index]) if isinstance(n, (cst.For, cst.While))), None)
+            if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[-1], cst.Break) \
+                    and loop is not None and id(loop) in hot:
+                return True  # `if done: ...; break` in the step loop: once, on the way out of it
     return False
+
+
+_MEMOISING = {"lru_cache", "cache", "cached_property", "memoize", "memoized"}
 
 
 def after_init_once_guard(ctx: RuleContext) -> bool:
