@@ -324,6 +324,9 @@ class FileAnalysis:
         self.call_frequency: dict[int, Frequency] = {}
         # functions called per step of an evaluation rollout (rare, so not hot, but each call builds a graph)
         self.evaluation_rollout: set[int] = set()
+        # rollout regions that act (step an environment or game, evaluate a network per move or simulation),
+        # as opposed to loops that are hot only because they are nested in an update loop
+        self.acting: set[int] = set()
 
     # -- names -------------------------------------------------------------------------------
 
@@ -801,6 +804,7 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
                 and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)
                 and id(loop) not in around_hot):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)
+            a.acting.add(id(loop))
         elif _in_update_loop(region, trainers):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)  # many iterations per update: `for step in range(n_steps)`
     _mark_forward_helpers(a, regions)
@@ -811,6 +815,7 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.CALLEE)
         elif frequency is Frequency.PER_ROLLOUT_STEP:
             a.hot.setdefault(id(fn), HotKind.ROLLOUT)
+            a.acting.add(id(fn))
 
 
 def _throttling_test(test: cst.BaseExpression) -> bool:

@@ -502,7 +502,8 @@ class HostSyncInHotLoop(Rule):
                               "small policies consider acting on the CPU, or a GPU-vectorised environment",
                         severity=Severity.INFO)
             return
-        if severity is Severity.WARNING and self.ctx.hot_kind() is HotKind.ROLLOUT:
+        if severity is Severity.WARNING and self.ctx.hot_kind() is HotKind.ROLLOUT and any(
+                id(n) in self.ctx.analysis.acting for n in self.ctx.ancestors):
             self.report(node, f"{what} in a rollout or search step: the host waits for the GPU every move or "
                               "simulation; read the outputs back in one copy, evaluate many environments or "
                               "positions per call, or run a small network on the CPU", severity=severity)
