@@ -200,6 +200,7 @@ class GradscalerWithBf16(Rule):
         self._bf16_elsewhere: tuple[str, int] | None | bool = False  # False: not searched yet
         self._bf16_here: int | None | bool = False
         self._fp16_in_autocasts: int | None = None
+        self._parents: dict[int, cst.CSTNode] | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) != "scale" or len(node.args) != 1 or node.args[0].keyword is not None:
@@ -290,13 +291,15 @@ class GradscalerWithBf16(Rule):
         nowhere else (a checkpoint saving its state keeps it)."""
         plain = [(region, new_region)]
         module = self.ctx.module
-        parents: dict[int, cst.CSTNode] = {}
-        stack: list[cst.CSTNode] = [module]
-        while stack:
-            current = stack.pop()
-            for child in child_nodes(current):
-                parents[id(child)] = current
-                stack.append(child)
+        if self._parents is None:  # once per file: the fix is asked for at every scaler.scale() site
+            self._parents = {}
+            stack: list[cst.CSTNode] = [module]
+            while stack:
+                current = stack.pop()
+                for child in child_nodes(current):
+                    self._parents[id(child)] = current
+                    stack.append(child)
+        parents = self._parents
         assign = parents.get(id(construction))
         line = parents.get(id(assign)) if assign is not None else None
         if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(

@@ -437,16 +437,22 @@ def standalone_statement(ctx: RuleContext, node: cst.BaseSmallStatement) -> bool
 
 
 def fresh_name(ctx: RuleContext, base: str) -> str:
-    """`base`, or `base_1`, `base_2`, ...: a name used nowhere in the enclosing function (or the module)."""
-    scope: cst.CSTNode = next((n for n in reversed(ctx.ancestors) if isinstance(n, cst.FunctionDef)), ctx.module)
-    used = {n.value for n in walk(scope, into_functions=True) if isinstance(n, cst.Name)}
-    used |= set(ctx.analysis.aliases)
-    used |= {n.value for n in walk(ctx.module) if isinstance(n, cst.Name)}  # globals the function may read
+    """`base`, or `base_1`, `base_2`, ...: a name used nowhere in the file."""
+    used = _module_names(ctx.module) | set(ctx.analysis.aliases)  # anywhere in the file: locals and globals
     name, index = base, 0
     while name in used:
         index += 1
         name = f"{base}_{index}"
     return name
+
+
+_MODULE_NAMES: list[tuple[cst.Module, set[str]]] = []  # the last module's names (asked once per site)
+
+
+def _module_names(module: cst.Module) -> set[str]:
+    if not _MODULE_NAMES or _MODULE_NAMES[0][0] is not module:
+        _MODULE_NAMES[:] = [(module, {n.value for n in walk(module, into_functions=True) if isinstance(n, cst.Name)})]
+    return _MODULE_NAMES[0][1]
 
 
 def _mask_base_name(mask: cst.BaseExpression) -> str:
