@@ -10,12 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulint import __version__
-from gpulint.diagnostics import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from gpulint.diagnostics import Diagnostic
+
+# A replayed run (gpulint.cache_runs) needs only the code fingerprint from here: the rest of what the results
+# cache uses is imported where it is used.
 
 CACHE_DIR_NAME = ".gpulint_cache"
 
@@ -44,6 +49,8 @@ class ResultCache:
                 return None
             if entry["program"] is not None and entry["program"] != program_key:
                 return None
+            from gpulint.diagnostics import diagnostic_from_dict
+
             return [diagnostic_from_dict(d) for d in entry["diagnostics"]]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError):
             return None  # a damaged entry: the file is linted again and the entry replaced
@@ -68,6 +75,8 @@ class ResultCache:
 
     def put(self, file_key: str, content_hash: str, facts_key: str, program_key: str | None,
             diagnostics: list[Diagnostic]) -> None:
+        from gpulint.diagnostics import diagnostic_to_dict
+
         self.entries[file_key] = {"content": content_hash, "facts": facts_key, "program": program_key,
                                   "diagnostics": [diagnostic_to_dict(d) for d in diagnostics]}
         self.dirty = True
@@ -80,6 +89,8 @@ class ResultCache:
             ignore = self.directory / ".gitignore"
             if not ignore.exists():
                 ignore.write_text("# created by gpulint\n*\n")
+            import tempfile
+
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".results.", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(self.entries, handle)
@@ -126,6 +137,8 @@ def _code_stats() -> dict[tuple[int, int], tuple[str, int, int]]:
 
 
 def code_files() -> list[Path]:
+    from pathlib import Path
+
     return sorted(Path(path) for path, _, _ in _code_stats().values())
 
 

@@ -33,7 +33,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -407,6 +406,8 @@ class Recorder:
         if not _holds(record, self.argv):
             return False  # something changed while the run went on
         folder = os.path.join(os.path.abspath(cache_dir), RUNS_DIR)
+        import tempfile
+
         try:
             os.makedirs(folder, exist_ok=True)
             fd, temporary = tempfile.mkstemp(dir=folder, prefix=".run.", suffix=".tmp")

@@ -6,24 +6,20 @@ and writes nothing; `fix --apply` writes them and exits 1 when findings remain.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import difflib
-import importlib.util
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence, TextIO
 
 from gpulint import __version__
 
-# Start-up: only what parsing the command line needs is imported here; libcst, the rules, the config and the
-# reporters are imported by `_load()` when a command runs (`gpulint --version` and `--help` import none of them).
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
+# Start-up: only what a replayed `check` needs is imported here (gpulint.cache_runs); argparse when a command line
+# is parsed; libcst, the rules, the config, the reporters and the rest of the standard library by `_load()` when a
+# command runs (`gpulint --version` and `--help` import none of them).
 OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
 MACHINE_FORMATS = ("json", "json-lines", "github", "sarif")
 
@@ -32,6 +28,16 @@ def _load() -> None:
     """Import what the commands need, once, into this module's namespace."""
     if "run" in globals():
         return
+    import argparse
+    import dataclasses
+    import difflib
+    import importlib.util
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
     from gpulint.cache import CACHE_DIR_NAME
     from gpulint.cache_runs import findable
     from gpulint.config import Layer, Resolver, Settings
@@ -56,11 +62,6 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 PROGRESS_MIN_FILES = 20  # a progress bar only for runs at least this long, and only on a terminal
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
-        self.exit(EXIT_ERROR, f"gpulint: error: {message}\n")
-
-
 class UsageError(Exception):
     """A one-line problem with the command line or the environment (exit code 2)."""
 
@@ -72,11 +73,19 @@ def _codes(value: str) -> list[str]:
 def _pattern_codes(value: str) -> tuple[str, list[str]]:
     pattern, sep, codes = value.rpartition(":")
     if not sep or not pattern or not _codes(codes):
+        import argparse
+
         raise argparse.ArgumentTypeError(f"expected PATTERN:CODES (e.g. 'tests/*:GPU01'), got {value!r}")
     return pattern, _codes(codes)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
+            self.exit(EXIT_ERROR, f"gpulint: error: {message}\n")
+
     parser = _Parser(prog="gpulint", description="Find and fix GPU performance anti-patterns in PyTorch training code.")
     parser.add_argument("--version", action="version", version=f"gpulint {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -288,8 +297,7 @@ def _cli_layer(args: argparse.Namespace) -> Layer:
     return layer
 
 
-@dataclasses.dataclass
-class _Mode:
+class _Mode(NamedTuple):
     fix: bool  # run the fixer
     write: bool  # write the files
     fix_only: bool
@@ -310,8 +318,7 @@ def _mode(args: argparse.Namespace) -> _Mode:
     return _Mode(False, False, False)
 
 
-@dataclasses.dataclass
-class _Files:
+class _Files(NamedTuple):
     paths: list[str]  # what to give the runner: files, and missing paths (reported as GPU901)
     settings: dict[str, Settings]  # display path -> settings
 

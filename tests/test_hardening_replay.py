@@ -18,6 +18,9 @@ PROBE = ("import sys\nfrom gpulint.cli import main\ncode = main(sys.argv[1:])\ns
          "print('\\0' + json.dumps([code, sorted(sys.modules)]), file=sys.stderr)\n")
 
 
+MODULES: dict[tuple, list[str]] = {}  # the modules the last run of each command line imported
+
+
 def check(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str, bool]:
     """(exit code, stdout, stderr, replayed: libcst was never imported)."""
     command = [sys.executable, "-c", "import json\n" + PROBE, "check", *args]
@@ -25,6 +28,7 @@ def check(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int
                             env={**os.environ, "NO_COLOR": "1", **(env or {})})
     stderr, _, tail = result.stderr.rpartition("\0")
     code, modules = json.loads(tail)
+    MODULES[args] = modules
     return code, result.stdout, stderr, "libcst" not in modules
 
 
@@ -57,6 +61,9 @@ def test_unchanged_inputs_are_replayed_without_libcst(project):
     replayed = check(project, *ARGS)
     assert replayed[3], "the replay imported libcst"
     assert replayed[:3] == warm
+    heavy = {"argparse", "rich", "torch", "gpulint.config", "gpulint.registry", "gpulint.rule", "gpulint.runner",
+             "gpulint.analysis", "gpulint.engine", "gpulint.rules"}
+    assert not heavy & set(MODULES[ARGS]), heavy & set(MODULES[ARGS])
 
 
 def test_a_different_command_line_is_not_replayed(project):
