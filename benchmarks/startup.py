@@ -2,17 +2,22 @@
 
     python benchmarks/startup.py SMALL_REPO [--ruff PATH] [--repeat 7]
 
-Times `gpulint --version`, `gpulint check` on an empty folder, a warm `gpulint check SMALL_REPO` (results cache
-filled by a first run) and `ruff check --select ALL --no-cache SMALL_REPO` (ruff cold), plus `ruff --version`.
-Every command runs once per round, so a noisy spell of a shared machine falls on all of them. Python's own
-byte-code cache is allowed (PYTHONDONTWRITEBYTECODE is removed from the environment, as on a user's machine),
-and a priming round is not counted. Prints a Markdown table with medians and the ratio to ruff cold.
+Times `gpulint --version`, `gpulint check` on an empty folder, two warm `gpulint check SMALL_REPO` (results
+cache filled by a first run) and `ruff check --select ALL --no-cache SMALL_REPO` (ruff cold), plus `ruff
+--version`. The two warm runs are on two copies of the repository: one unchanged since the previous run (gpulint
+replays the recorded run: gpulint.cache_runs), one where a file was touched before each run (same content, new
+modification time: every file is still a results-cache hit, but the recording no longer holds, so settings,
+discovery and the cache lookups run, with libcst and the rules imported). Every command runs once per round, so a
+noisy spell of a shared machine falls on all of them. Python's own byte-code cache is allowed
+(PYTHONDONTWRITEBYTECODE is removed from the environment, as on a user's machine), and the priming rounds are not
+counted. Prints a Markdown table with medians and the ratio to ruff cold.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -34,25 +39,38 @@ def main() -> int:
         empty = Path(scratch) / "empty"
         empty.mkdir()
         repo = Path(scratch) / "repo"
-        shutil.copytree(args.repo, repo, ignore=shutil.ignore_patterns(".gpulint_cache", "__pycache__", ".git"))
+        touched = Path(scratch) / "touched"
+        for copy in (repo, touched):
+            shutil.copytree(args.repo, copy, ignore=shutil.ignore_patterns(".gpulint_cache", "__pycache__", ".git"))
+        sources = sorted(touched.rglob("*.py"))
+        rng = random.Random(0)
+        warm_unchanged = f"gpulint check {args.repo.name} (warm, unchanged: replayed)"
+        warm_touched = f"gpulint check {args.repo.name} (warm, a file touched: results cache)"
         commands = {
             "gpulint --version": (gpulint + ["--version"], empty),
             "gpulint check (empty folder)": (gpulint + ["check", "."], empty),
-            f"gpulint check {args.repo.name} (warm cache)": (gpulint + ["check", ".", "-q"], repo),
+            warm_unchanged: (gpulint + ["check", ".", "-q"], repo),
+            warm_touched: (gpulint + ["check", ".", "-q"], touched),
             f"ruff check --select ALL --no-cache {args.repo.name} (cold)":
                 ([args.ruff, "check", "--select", "ALL", "--no-cache", "-q", "."], repo),
             "ruff --version": ([args.ruff, "--version"], empty),
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
-        for round_ in range(args.repeat + 1):
+        for round_ in range(args.repeat + 2):
             for name, (command, cwd) in commands.items():
+                if name == warm_touched:
+                    os.utime(rng.choice(sources))
                 start = time.perf_counter()
                 subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                if round_:  # round 0 primes byte-code and the results cache
+                if round_ > 1:  # round 0 fills the results cache and byte-code; round 1 records the warm run
                     times[name].append(time.perf_counter() - start)
+            if round_ == 0:
+                time.sleep(2.1)  # a run reading files changed less than 2 s before it is not recorded
+        replayed = any((repo / ".gpulint_cache" / "runs").glob("*.json"))
     ruff_cold = statistics.median(times[next(n for n in times if n.startswith("ruff check"))])
     files = sum(1 for _ in args.repo.rglob("*.py"))
-    print(f"{args.repo.name}: {files} files, {args.repeat} rounds, Python {sys.version.split()[0]}")
+    print(f"{args.repo.name}: {files} files, {args.repeat} rounds, Python {sys.version.split()[0]}, "
+          f"warm run recorded: {replayed}")
     print("| command | median (s) | runs (s) | vs ruff cold |")
     print("| --- | --- | --- | --- |")
     for name, runs in times.items():
