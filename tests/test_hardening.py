@@ -201,6 +201,22 @@ def test_loader_rules_alone_are_linear(code):
     assert large < 6.5 * small, (small, large)
 
 
+def _rebinding_file(count: int) -> str:
+    return "import torch\n" + "for i in range(10):\n    x = x.to('cuda')\n" * count
+
+
+@pytest.mark.xfail(strict=True, reason="GPU014 is superlinear through analysis.Evidence.is_module, which re-walks "
+                                       "every binding of a name at each of five depths (n**4 per use); the fix, a "
+                                       "memo per scope, name and depth, is a change to gpulint/analysis.py not yet "
+                                       "applied. Strict: this fails once it is, and the mark should then go.")
+def test_gpu014_is_linear_on_rebindings_of_one_name():
+    from gpulint.registry import rule_by_code
+
+    small = _lint_seconds(_rebinding_file(25), [rule_by_code("GPU014")])  # 1 KB
+    large = _lint_seconds(_rebinding_file(50), [rule_by_code("GPU014")])  # 2 KB: was 6x the time
+    assert large < 3 * small + 0.2, (small, large)
+
+
 # -- 3. links ---------------------------------------------------------------------------------------------------
 
 def test_fix_writes_through_a_symlink(tmp_path):
