@@ -322,6 +322,9 @@ class FileAnalysis:
         self.function_key: dict[int, str] = {}  # id(FunctionDef) -> "Class.method" / "outer.inner" (call graph key)
         # id(FunctionDef) -> how often its callers run it (program call graph; absent: once or unknown)
         self.call_frequency: dict[int, Frequency] = {}
+        # Evidence.is_module of a name or `self.<attr>` by (innermost scope, kind, name, depth): the answer depends
+        # on nothing else, and without it each use re-walked every binding of the name at every depth (n**4)
+        self.module_answers: dict[tuple[int, str, str, int], Confidence | None] = {}
         # functions called per step of an evaluation rollout (rare, so not hot, but each call builds a graph)
         self.evaluation_rollout: set[int] = set()
         # rollout regions that act (step an environment or game, evaluate a network per move or simulation),
@@ -1238,24 +1241,47 @@ class Evidence:
                 return self.is_module(node.func.value, depth + 1)
             return None
         if isinstance(node, cst.Name):
-            bindings = self.a.bindings_of(node.value, self.ancestors)
-            found = [self.is_module(b.value, depth + 1) for b in bindings
-                     if b.kind is BindingKind.ASSIGN and b.value is not None]
-            if found and all(found):
-                return max(found)
-            if not found and node.value in _parameter_owners(self.a):
-                return Confidence.LOW  # a parameter or a global whose `.parameters()` are read: a network
-            return None
+            key = (id(self.a.scope_chain(self.ancestors)[0].node), "name", node.value, depth)
+            if key not in self.a.module_answers:
+                self.a.module_answers[key] = self._name_is_module(node.value, depth)
+            return self.a.module_answers[key]
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-            info = self.a.enclosing_class(self.ancestors)
-            bindings = info.attrs.get(node.attr.value, []) if info else []
-            if info is not None and node.attr.value in registered_tensors(info):
-                return None  # `self.register_buffer("x", ...)` / `register_parameter`: a tensor, not a module
-            found = [self.is_module(b.value, depth + 1) for b in bindings if b.kind is BindingKind.ASSIGN]
-            if found and all(found):
+            key = (id(self.a.scope_chain(self.ancestors)[0].node), "self", node.attr.value, depth)
+            if key not in self.a.module_answers:
+                self.a.module_answers[key] = self._self_attribute_is_module(node.attr.value, depth)
+            return self.a.module_answers[key]
+        return None
+
+    def _name_is_module(self, name: str, depth: int) -> Confidence | None:
+        found = []
+        for binding in self.a.bindings_of(name, self.ancestors):
+            if binding.kind is BindingKind.ASSIGN and binding.value is not None:
+                answer = self.is_module(binding.value, depth + 1)
+                if answer is None:
+                    return None  # one assignment that is not a module settles it
+                found.append(answer)
+        if found:
+            return max(found)
+        if name in _parameter_owners(self.a):
+            return Confidence.LOW  # a parameter or a global whose `.parameters()` are read: a network
+        return None
+
+    def _self_attribute_is_module(self, attr: str, depth: int) -> Confidence | None:
+        info = self.a.enclosing_class(self.ancestors)
+        if info is not None and attr in registered_tensors(info):
+            return None  # `self.register_buffer("x", ...)` / `register_parameter`: a tensor, not a module
+        found = []
+        for binding in info.attrs.get(attr, []) if info else []:
+            if binding.kind is BindingKind.ASSIGN:
+                answer = self.is_module(binding.value, depth + 1)
+                if answer is None:
+                    break
+                found.append(answer)
+        else:
+            if found:
                 return max(found)
-            if f"self.{node.attr.value}" in _parameter_owners(self.a):
-                return Confidence.LOW  # `self.actor = actor`, `Adam(self.actor.parameters())`: proven by use
+        if f"self.{attr}" in _parameter_owners(self.a):
+            return Confidence.LOW  # `self.actor = actor`, `Adam(self.actor.parameters())`: proven by use
         return None
 
     def is_batch_coupled_module(self, class_info: ClassInfo) -> bool:

@@ -205,11 +205,9 @@ def _rebinding_file(count: int) -> str:
     return "import torch\n" + "for i in range(10):\n    x = x.to('cuda')\n" * count
 
 
-@pytest.mark.xfail(strict=True, reason="GPU014 is superlinear through analysis.Evidence.is_module, which re-walks "
-                                       "every binding of a name at each of five depths (n**4 per use); the fix, a "
-                                       "memo per scope, name and depth, is a change to gpulint/analysis.py not yet "
-                                       "applied. Strict: this fails once it is, and the mark should then go.")
 def test_gpu014_is_linear_on_rebindings_of_one_name():
+    # analysis.Evidence.is_module re-walked every binding of a name at each of five depths (n**4 per use)
+    # before its answers were memoised per scope, name and depth
     from gpulint.registry import rule_by_code
 
     small = _lint_seconds(_rebinding_file(25), [rule_by_code("GPU014")])  # 1 KB
