@@ -199,7 +199,9 @@ class Recorder:
         return os.getpid() == self._pid  # a forked child's reads are not this run's (and it is untraceable)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(owner, name)
+        original = getattr(owner, name, None)
+        if original is None:
+            return  # not on this platform (os.fork on Windows): nothing can call it
         setattr(owner, name, make(original))
         self._undo.append(lambda: setattr(owner, name, original))
 
