@@ -804,7 +804,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             continue  # sampling or evaluating every N steps (here, or around every call of this function)
         elif region.env_step or (
                 (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
-                and not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)
+                and _repeats(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)
+                and f"{region.loop_key}#outer" not in called
                 and id(loop) not in around_hot):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)
             a.acting.add(id(loop))
@@ -836,6 +837,18 @@ def _in_update_loop(region: _Region, trainers: frozenset[str]) -> bool:
             return not _iterates_loader(region.node)  # type: ignore[arg-type]
         outer = outer.parent_loop
     return False
+
+
+def _repeats(loop: cst.For | cst.While) -> bool:
+    """`while not done:` / `for t in range(horizon):` (a rollout or a search), not a loop over inputs."""
+    if not isinstance(loop, cst.For):
+        return True
+    iterable = loop.iter
+    while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in (
+            "tqdm", "enumerate") and iterable.args:
+        iterable = iterable.args[0].value
+    return isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
+        vocab.COUNTING_ITERABLES
 
 
 def _iterates_loader(loop: cst.For | cst.While) -> bool:

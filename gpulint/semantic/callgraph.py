@@ -59,6 +59,8 @@ class ProgramCalls:
 _KEEPS_RECEIVER = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "double", "bfloat16",
                              "requires_grad_", "share_memory"})
 
+_NOTHING = (False, False, False, False)  # a loop's verdict when it calls nothing that matters
+
 # names too common to mark a loop by: `model.train()`, `scheduler.step()`, `runner.run()`
 _AMBIGUOUS_STEP_NAMES = frozenset({"step", "train", "eval", "run", "forward", "__call__"})
 
@@ -90,6 +92,7 @@ class FunctionSummary:
     params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
     loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
     around_hot: set[int] = field(default_factory=set)  # ids of loops enclosing a training-step loop
+    busy_loops: bool = False  # has a step, rollout or search loop of its own
 
 
 @dataclass
@@ -101,6 +104,8 @@ class FileSummary:
     instances: dict[str, list[str]] = field(default_factory=dict)  # name or self.attr -> classes built into it
     compiled: set[str] = field(default_factory=set)  # names passed to torch.compile
     loader_loops: set[int] = field(default_factory=set)  # ids of loops over a data loader (evaluation, epochs)
+    repeating_loops: set[int] = field(default_factory=set)  # ids of `while` / `for _ in range(n)` loops
+    env_loops: set[int] = field(default_factory=set)  # ids of loops that step an environment or game directly
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -147,6 +152,18 @@ def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Break, ast.Raise))
 
 
+def _repeats(loop: ast.AST) -> bool:
+    """A loop that repeats a step (`while not done`, `for t in range(horizon)`, `for _ in trange(n)`), as a
+    rollout or a search does, not one over a collection of inputs (`for prompts in data`, a loader)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return True
+    iterable = loop.iter
+    while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in ("tqdm", "enumerate") \
+            and iterable.args:
+        iterable = iterable.args[0]
+    return isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNTING_ITERABLES
+
+
 def _throttling(test: ast.expr) -> bool:
     names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
@@ -166,8 +183,9 @@ class _Summariser:
         if any(vocab.is_training_step_call(d) for d in calls):
             return Frequency.PER_STEP
         if any(vocab.is_env_step(d) for d in calls):
+            self.file.env_loops.add(id(loop))
             return Frequency.PER_ROLLOUT_STEP
-        if (not _iterates_loader(loop) and not vocab.EVAL_FUNCTION.match(fn.name)
+        if (_repeats(loop) and not vocab.EVAL_FUNCTION.match(fn.name)
                 and any(vocab.is_network_call(d) for d in calls)):
             return Frequency.PER_ROLLOUT_STEP
         return Frequency.PER_ITERATION
@@ -194,9 +212,12 @@ class _Summariser:
             fn.loops.append(id(node))
             if inner[-1][0] is Frequency.PER_STEP:
                 fn.around_hot.update(loop_id for _, loop_id in loops)
+            fn.busy_loops |= inner[-1][0] >= Frequency.PER_ROLLOUT_STEP
             fn.has_step_loop |= inner[-1][0] is Frequency.PER_STEP
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
+            if _repeats(node):
+                self.file.repeating_loops.add(id(node))
             # a training-step loop runs step by step even when an `if` decides when the update phase starts
             # (`if games_since_ckpt >= games_per_ckpt: while steps < target: ... loss.backward()`)
             body_throttled = throttled and inner[-1][0] is not Frequency.PER_STEP
@@ -365,7 +386,7 @@ class CallGraph:
                                    for name in (fn.class_name, *summary.classes.get(fn.class_name, [])))]
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
         self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
-        self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool]]] = {}
+        self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool, bool]]] = {}
         self._passed_in = self._functions_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions were known
         self._propagate()
@@ -546,6 +567,7 @@ class CallGraph:
         self._trainer_set = self._trainers(step_functions)
         self._rare = self._rarely_called()
         self._rare_rollout: set[tuple[str, str]] = set()
+        self._heavy = self._runs_loops_of_its_own()
         frontier: list[tuple[str, str, Frequency, int]] = []
         for path, summary in self.files.items():
             for key, fn in summary.functions.items():
@@ -580,6 +602,30 @@ class CallGraph:
                 for callee in self.resolve(path, fn, site.target):
                     if callee != (path, key):
                         frontier.append((*callee, max(frequency, site.frequency), depth + 1))
+
+    def _runs_loops_of_its_own(self) -> set[tuple[str, str]]:
+        """Functions that loop over network evaluations or environment steps, themselves or in what they call
+        (`sampler.sample(...)` runs fifty denoising steps, `mcts.run(...)` a few hundred simulations): a loop
+        calling one is an outer loop (per image, per game), not a rollout loop itself."""
+        every = [(path, key, fn) for path, summary in self.files.items() for key, fn in summary.functions.items()]
+        acts = {(path, key) for path, key, fn in every if fn.network_at_top or fn.env_at_top}
+        heavy = {(path, key) for path, key, fn in every if fn.busy_loops}
+        for _ in range(MAX_DEPTH):
+            grown = False
+            for path, key, fn in every:
+                for site in fn.sites:
+                    if site.throttled:
+                        continue
+                    callees = set(self.resolve(path, fn, site.target))
+                    if (path, key) not in acts and not site.loops and callees & acts:
+                        acts.add((path, key))  # evaluates a network through a helper
+                        grown = True
+                    if (path, key) not in heavy and (callees & heavy or site.loops and callees & acts):
+                        heavy.add((path, key))
+                        grown = True
+            if not grown:
+                break
+        return heavy
 
     def _rarely_called(self) -> set[tuple[str, str]]:
         """Functions the program calls only now and then: every call site it has is throttled (`if step %
@@ -633,23 +679,27 @@ class CallGraph:
 
     def _loop_site_frequency(self, path: str, fn: FunctionSummary, site: CallSite, step_functions: set,
                              rollout_functions: set) -> Frequency:
+        loops = self._loop_calls(path, fn, step_functions, rollout_functions)
+        if site.frequency is Frequency.PER_ROLLOUT_STEP and site.loop not in self.files[path].env_loops \
+                and loops.get(site.loop, _NOTHING)[3]:
+            return Frequency.PER_ITERATION  # a network call per image or game, around a sampler or a search
         if site.frequency is not Frequency.PER_ITERATION:
             return site.frequency
-        loops = self._loop_calls(path, fn, step_functions, rollout_functions)
-        if any(loops.get(outer, (False, False, False))[0] for outer in site.loops[:-1]):
+        if any(loops.get(outer, _NOTHING)[0] for outer in site.loops[:-1]):
             return Frequency.PER_ROLLOUT_STEP
-        _, calls_step, calls_rollout = loops.get(site.loop, (False, False, False))
+        _, calls_step, calls_rollout, calls_heavy = loops.get(site.loop, _NOTHING)
         if calls_step:
             return Frequency.PER_STEP
-        if calls_rollout and site.loop not in self.files[path].loader_loops and site.loop not in fn.around_hot \
-                and not vocab.EVAL_FUNCTION.match(fn.name):
+        if calls_rollout and not calls_heavy and site.loop in self.files[path].repeating_loops \
+                and site.loop not in fn.around_hot and not vocab.EVAL_FUNCTION.match(fn.name):
             return Frequency.PER_ROLLOUT_STEP  # (a loop around the rollout loop runs once per iteration)
         return Frequency.PER_ITERATION
 
     def _loop_calls(self, path: str, fn: FunctionSummary, step_functions: set,
-                    rollout_functions: set) -> dict[int, tuple[bool, bool, bool]]:
-        """loop id -> (calls a trainer, calls a step function, calls a rollout function), for unthrottled
-        sites directly in each loop of `fn`: one pass over its sites, kept (the sets do not change)."""
+                    rollout_functions: set) -> dict[int, tuple[bool, bool, bool, bool]]:
+        """loop id -> (calls a trainer, a step function, a rollout function, a function with loops of its own),
+        for unthrottled sites directly in each loop of `fn`: one pass over its sites, kept (the sets do not
+        change)."""
         key = (path, fn.key)
         found = self._loop_verdicts.get(key)
         if found is None:
@@ -658,9 +708,9 @@ class CallGraph:
                 if other.throttled or not other.loops:
                     continue
                 callees = set(self.resolve(path, fn, other.target))
-                trainer, step, rollout = found.get(other.loop, (False, False, False))
+                trainer, step, rollout, heavy = found.get(other.loop, _NOTHING)
                 found[other.loop] = (trainer or bool(callees & self._trainer_set), step or bool(callees & step_functions),
-                                     rollout or bool(callees & rollout_functions))
+                                     rollout or bool(callees & rollout_functions), heavy or bool(callees & self._heavy))
             self._loop_verdicts[key] = found
         return found
 
@@ -683,13 +733,17 @@ class CallGraph:
             for fn in summary.functions.values():
                 by_loop: dict[int, list[CallSite]] = {}
                 for site in fn.sites:
-                    if site.loops and not site.throttled and site.frequency is Frequency.PER_ITERATION:
+                    if site.loops and not site.throttled and site.frequency in (Frequency.PER_ITERATION,
+                                                                                Frequency.PER_ROLLOUT_STEP):
                         by_loop.setdefault(site.loop, []).append(site)
+                verdicts = self._loop_calls(path, fn, step_functions, rollout_functions) if by_loop else {}
                 for index, loop in enumerate(fn.loops):
                     frequency = max((self._site_frequency(path, fn, site, step_functions, rollout_functions)
                                      for site in by_loop.get(loop, ())), default=Frequency.ONCE)
                     if frequency >= Frequency.PER_ROLLOUT_STEP:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}"] = frequency
+                    elif verdicts.get(loop, _NOTHING)[3]:
+                        found.setdefault(path, {})[f"{fn.key}#loop{index}#outer"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:

@@ -27,6 +27,8 @@ THROTTLE_NAME = re.compile(r"interval|freq|every|period|log|print|verbose|debug|
 # functions never worth calling hot: file and screen output (a logging helper called every step still syncs
 # every step, so `log_*` is not among them)
 OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|checkpoint|test_)", re.I)
+# iterables of a loop that repeats a step rather than walking a collection
+COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
 EVAL_FUNCTION = re.compile(r"^_?(eval|evaluate|test|valid|validate|validation|val)(_|$)", re.I)
 
 
