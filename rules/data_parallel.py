@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, iter_calls, method_name, walk
+from gpulint.program import related_texts
 
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
@@ -22,6 +25,10 @@ def _trains_here(a, scope: cst.CSTNode) -> bool:  # noqa: ANN001
         if name == "step" and "opt" in cst.Module(body=[]).code_for_node(call).lower():
             return True  # `optimizer.step()`, `opt_d.step()`, `scaler.step(optimizer)`
     return False
+
+
+_INFERENCE = re.compile(r"no_grad|inference_mode|\.eval\(\)|load_state_dict")
+_TRAINS = re.compile(r"\.backward\(|\boptim\w*\.step\(|\bfabric\.backward\(|\btrainer\.fit\(")
 
 
 def _reads_global(function: cst.FunctionDef, name: str) -> bool:
@@ -209,6 +216,19 @@ class DataParallel(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # kept on an object that a training loop elsewhere in the program uses
+            """
+            import torch.nn as nn
+            class Learner:
+                def __init__(self, model):
+                    self.model = nn.DataParallel(model).cuda()
+            def fit(learner, loader, optimizer):
+                for x, y in loader:
+                    loss = learner.loss(x, y)
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
         Invalid(  # a submodule wrapped, the whole model trained
             """
             from torch import nn
@@ -256,8 +276,9 @@ class DataParallel(Rule):
             while isinstance(root, cst.Attribute):
                 root = root.value
             params = {p.name.value for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]}
-            if isinstance(root, cst.Name) and root.value in params and root.value != "self":
-                return True  # a helper wrapping a module its caller passes in
+            if isinstance(root, cst.Name) and root.value in params and root.value != "self" \
+                    and not (self._target(ancestors) or "").startswith("self."):
+                return True  # a helper wrapping a module its caller passes in (and not keeping it)
         if self._ddp_alternative(ancestors):
             return True
         scope: cst.CSTNode = fn if fn is not None else a.module
@@ -271,7 +292,14 @@ class DataParallel(Rule):
         target = self._target(ancestors)
         if target is None:
             return True
-        return not self._flows_to_training(target, scope, fn, info)
+        if self._flows_to_training(target, scope, fn, info):
+            return False
+        # kept on an object or returned (a trainer class or another file trains it), in a program that trains
+        body = scope.body if isinstance(scope, cst.FunctionDef) else scope
+        handed_on = target.startswith("self.") or target == "<return>" or self._returned(target, body)
+        inference = _INFERENCE.search(self.ctx.code(scope)) is not None
+        return not (handed_on and not inference
+                    and any(_TRAINS.search(text) for text in related_texts(self.ctx).values()))
 
     def _ddp_alternative(self, ancestors) -> bool:  # noqa: ANN001
         """The same function (or if/elif/else chain, at module level) also builds DistributedDataParallel:
