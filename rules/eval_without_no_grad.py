@@ -8,6 +8,7 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
+from gpulint.semantic.modules import code_of
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
@@ -385,12 +386,17 @@ class EvalWithoutNoGrad(Rule):
         spelled, imports = self.ctx.spell("torch.no_grad")
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
         fix = [(node, node.with_changes(decorators=[*node.decorators, decorator]))]
+        note = None
+        if _returns_graph(node, calls):  # a caller may train on what it returns: no automatic fix
+            fix, imports = [], ()
+            note = (f"`{node.name.value}()` returns a network output with its graph; if no caller trains on it, "
+                    "decorate the function with `@torch.no_grad()` or detach what it returns")
         for index, call in enumerate(calls):  # each evaluation is a graph built per step; one fix covers all
             self.report(call, f"`{node.name.value}()` runs a network with autograd recording on every "
                               "environment step or search simulation, then uses the output as data; acting needs "
                               "no graph: decorate it with `@torch.no_grad()`",
                         replacements=fix if index == 0 else (), imports=imports if index == 0 else (),
-                        safety=Safety.UNSAFE)
+                        safety=Safety.UNSAFE, note=note)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -521,6 +527,34 @@ class EvalWithoutNoGrad(Rule):
                 if _inside_no_grad_block(lines, line_no):
                     return True
         return False
+
+
+def _derived_from(function: cst.FunctionDef, calls: list[cst.Call]) -> set[str]:
+    """Names bound to the network outputs and to values computed from them (not through `.detach()` & co.)."""
+    assignments = [n for n in walk(function.body) if isinstance(n, cst.Assign)]
+    outputs: set[str] = set()
+    for _ in range(4):
+        grown = False
+        for assign in assignments:
+            value = assign.value
+            if value in calls or _names(value) & outputs and not _DATA_USE.search(code_of(value)):
+                new = set().union(*(_names(t.target) for t in assign.targets)) - outputs
+                outputs |= new
+                grown |= bool(new)
+        if not grown:
+            break
+    return outputs
+
+
+def _returns_graph(function: cst.FunctionDef, calls: list[cst.Call]) -> bool:
+    """Does the function return a network output with its graph (`return value, logits`, `return net(x)`), not
+    detached or read as data? Its caller may train on it (a loss built from a rollout's values)."""
+    outputs = _derived_from(function, calls)
+    for node in walk(function.body):
+        if isinstance(node, cst.Return) and node.value is not None and not _DATA_USE.search(code_of(node.value)):
+            if _names(node.value) & outputs or any(inner in calls for inner in walk(node.value)):
+                return True
+    return False
 
 
 def _outputs_consumed_here(function: cst.FunctionDef, calls: list[cst.Call]) -> bool:

@@ -200,3 +200,25 @@ def test_memoised_and_leaving_branches_are_not_per_step() -> None:
             "        break\n")
     rules = [r for r in all_rules() if r.code == "GPU013"]
     assert [d.line for d in lint_text(text, "train.py", rules).diagnostics] == [13]
+
+
+def test_rollout_function_returning_its_graph_gets_no_automatic_no_grad() -> None:
+    """A rollout function whose network output is returned with its graph may feed a loss: reported, not fixed."""
+    from gpulint.engine import lint_text
+    from gpulint.registry import all_rules
+    text = ("import torch\n"
+            "def act(net, obs):\n"
+            "    value = net(obs)\n"
+            "    print(value.item())\n"
+            "    return value\n"
+            "def play(net, env, steps):\n"
+            "    obs = env.reset()\n"
+            "    for t in range(steps):\n"
+            "        value = act(net, obs)\n"
+            "        obs, reward, done, info = env.step(0)\n")
+    rules = [r for r in all_rules() if r.code == "GPU074"]
+    found = lint_text(text, "play.py", rules).diagnostics
+    assert [d.line for d in found] == [3] and found[0].fix is None and "returns a network output" in found[0].note
+    detached = text.replace("    return value\n", "    return value.detach()\n")
+    fixed = lint_text(detached, "play.py", rules).diagnostics
+    assert [d.line for d in fixed] == [3] and fixed[0].fix is not None
