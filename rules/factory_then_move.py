@@ -189,6 +189,7 @@ class FactoryThenMove(Rule):
     def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
         super().__init__(ctx)
         self._reported_factories: set[int] = set()
+        self._writes: dict[int, list[tuple[int, str]]] = {}  # scope -> in-place writes (order, name)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
@@ -294,22 +295,28 @@ class FactoryThenMove(Rule):
         the current statement?"""
         function = self.ctx.enclosing(cst.FunctionDef)
         scope = function.body if isinstance(function, cst.FunctionDef) else self.ctx.module
-        order = self.ctx.analysis.order
         here = self.ctx.analysis.statement_order(self.ctx.ancestors)
-        current = 0
-        for inner in walk(scope):
-            current = order.get(id(inner), current)
-            if not since < current < here:
-                continue
-            if isinstance(inner, (cst.Assign, cst.AugAssign)):
-                targets = [t.target for t in inner.targets] if isinstance(inner, cst.Assign) else [inner.target]
-                if any(isinstance(t, cst.Subscript) and dotted_name(t.value) == name for t in targets) or (
-                        isinstance(inner, cst.AugAssign) and dotted_name(inner.target) == name):
-                    return True
-            if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) \
-                    and inner.func.attr.value.endswith("_") and dotted_name(inner.func.value) == name:
-                return True
-        return False
+        return any(written == name and since < order < here for order, written in self._in_place_writes(scope))
+
+    def _in_place_writes(self, scope: cst.CSTNode) -> list[tuple[int, str]]:
+        """(statement order, name) of every in-place write in `scope`, collected once per scope."""
+        if id(scope) not in self._writes:
+            order = self.ctx.analysis.order
+            found: list[tuple[int, str]] = []
+            current = 0
+            for inner in walk(scope):
+                current = order.get(id(inner), current)
+                if isinstance(inner, cst.Assign):
+                    found += [(current, dotted_name(t.target.value) or "") for t in inner.targets
+                              if isinstance(t.target, cst.Subscript)]
+                elif isinstance(inner, cst.AugAssign):
+                    target = inner.target.value if isinstance(inner.target, cst.Subscript) else inner.target
+                    found.append((current, dotted_name(target) or ""))
+                elif isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) \
+                        and inner.func.attr.value.endswith("_"):
+                    found.append((current, dotted_name(inner.func.value) or ""))
+            self._writes[id(scope)] = found
+        return self._writes[id(scope)]
 
     def _move(self, node: cst.Call, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression | None] | None:
         """(device expression, dtype expression or None) of `.cuda(...)` / `.to(...)`, None if not a plain move."""
