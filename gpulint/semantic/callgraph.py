@@ -559,11 +559,11 @@ class CallGraph:
     # -- propagation -----------------------------------------------------------------------------
 
     def _propagate(self) -> None:
-        step_functions = {(path, key) for path, summary in self.files.items()
-                          for key, fn in summary.functions.items() if fn.steps_at_top}
-        rollout_functions = {(path, key) for path, summary in self.files.items()
-                             for key, fn in summary.functions.items()
-                             if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+        step_functions = self._step_functions = {(path, key) for path, summary in self.files.items()
+                                                 for key, fn in summary.functions.items() if fn.steps_at_top}
+        rollout_functions = self._rollout_functions = {
+            (path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
+            if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
         self._trainer_set = self._trainers(step_functions)
         self._rare = self._rarely_called()
         self._rare_rollout: set[tuple[str, str]] = set()
@@ -724,11 +724,7 @@ class CallGraph:
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
-        step_functions = {(path, key) for path, summary in self.files.items()
-                          for key, fn in summary.functions.items() if fn.steps_at_top}
-        rollout_functions = {(path, key) for path, summary in self.files.items()
-                             for key, fn in summary.functions.items()
-                             if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+        step_functions, rollout_functions = self._step_functions, self._rollout_functions
         for path, summary in self.files.items():
             for fn in summary.functions.values():
                 by_loop: dict[int, list[CallSite]] = {}
