@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing
 import os
@@ -23,7 +22,8 @@ from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover, find_project_root
-from gpulint.engine import ProgramFacts, RuleCrash, lint_text, python_syntax_error, syntax_error_diagnostic
+from gpulint.engine import (ProgramFacts, RuleCrash, cyclic_gc_paused, lint_text, python_syntax_error,
+                            syntax_error_diagnostic)
 from gpulint.fixer import FixOutcome, fix_text
 from gpulint.program import imported_files
 from gpulint.registry import META_CODES, rule_by_code
@@ -272,23 +272,16 @@ def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settin
     settings = settings or _WORKER["settings"]
     program.searched = False
     rules = [rule_by_code(code) for code in task.codes]
-    # A syntax tree is millions of objects without reference cycles (freed by reference counting): the cyclic
-    # collector's passes over them while one file is linted cost a fifth of the time and free nothing. It runs
-    # between files as usual.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.min_safety,
-                           task.options, settings.can_fix)
+        with cyclic_gc_paused():  # also over the fixer's codegen and re-lints
+            report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.min_safety,
+                               task.options, settings.can_fix)
     except RuleCrash as crash:
         return task, str(crash), False
     except RecursionError:
         return task, _not_checked(task, "too deeply nested for gpulint's analysis (RecursionError); not checked"), False
     except Exception as error:  # noqa: BLE001 - a gpulint bug on one file: that file's error, the run goes on
         return task, f"{task.shown}: internal error: {type(error).__name__}: {' '.join(str(error).split())}", False
-    finally:
-        if collecting:
-            gc.enable()
     return task, report, program.searched
 
 
