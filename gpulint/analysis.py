@@ -196,6 +196,10 @@ def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[c
 # bindings
 
 
+# the legacy typed constructors build CPU tensors (`torch.cuda.FloatTensor` is the CUDA family)
+_LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
+
+
 class BindingKind(str, enum.Enum):
     ASSIGN = "assign"  # name = value
     UNPACK = "unpack"  # a, b = value  (value is the whole right-hand side)
@@ -330,6 +334,8 @@ class FileAnalysis:
         # rollout regions that act (step an environment or game, evaluate a network per move or simulation),
         # as opposed to loops that are hot only because they are nested in an update loop
         self.acting: set[int] = set()
+        # what the program's call graph says of this file's functions and loops, by key (see CallGraph.by_file)
+        self.program_keys: dict[str, Frequency] = {}
 
     # -- names -------------------------------------------------------------------------------
 
@@ -890,6 +896,8 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     traverse(module, prepass.on_visit, prepass.on_leave)
     _mark_modules(analysis, known_module_classes or set())
     _mark_hot(analysis, prepass.regions, calls)
+    if calls is not None:
+        analysis.program_keys = calls.frequencies
     return analysis
 
 
@@ -1133,7 +1141,7 @@ class Evidence:
 
     # CPU-source evidence P
     def is_loader(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        if depth > 3:
+        if depth > 5:  # (`b = next(it)` <- `it = iter(train_loader)` <- `train_loader = DataLoader(...)`)
             return False
         if isinstance(node, cst.Call):
             qual = self.a.call_qualname(node) or ""
@@ -1186,6 +1194,8 @@ class Evidence:
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)
                 return data is not None and self._host_data(data.value, depth + 1)
+            if _LEGACY_HOST_TENSOR.fullmatch(qual) and node.args:  # `torch.FloatTensor(np.array(boards))`
+                return self._host_data(node.args[0].value, depth + 1)
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):
@@ -1195,6 +1205,9 @@ class Evidence:
                 isinstance(node, cst.Attribute) and dotted_name(node) and dotted_name(node).startswith("self.")):
             return self.is_cpu_source(node.value, depth + 1)
         if isinstance(node, cst.Name):
+            iterated = self._comprehension_iterable(node.value)
+            if iterated is not None:  # `[t.to(device) for t in batch]`
+                return self.is_cpu_source(iterated, depth + 1)
             for binding in self.a.reaching_bindings(node.value, self.ancestors):
                 if binding.kind is BindingKind.FOR and binding.value is not None:
                     if self._for_target_is_batch(binding):
@@ -1209,6 +1222,20 @@ class Evidence:
                     if self.is_cpu_source(value, depth + 1):
                         return True
         return False
+
+    def _comprehension_iterable(self, name: str) -> cst.BaseExpression | None:
+        """What a comprehension around the current node iterates to bind `name` (`batch` for `t` in `[t.to(d)
+        for t in batch]`)."""
+        for ancestor in reversed(self.ancestors):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+                loop: cst.CompFor | None = ancestor.for_in
+                while loop is not None:
+                    if isinstance(loop.target, cst.Name) and loop.target.value == name:
+                        return loop.iter
+                    loop = loop.inner_for_in
+        return None
 
     def _host_data(self, node: cst.BaseExpression, depth: int) -> bool:
         """Data a tensor is built from that is known to live on the host: Python lists, NumPy arrays, batch

@@ -161,6 +161,26 @@ class H2dCopyBlocking(Rule):
                 opt.step()
             """,
         ),
+        Invalid(  # each tensor of a batch read with `next()` from an iterator over the loader
+            """
+            import torch
+            data_iter = iter(train_loader)
+            while True:
+                batch = next(data_iter)
+                x, y = [t.to(device) for t in batch]
+                criterion(model(x), y).backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+            data_iter = iter(train_loader)
+            while True:
+                batch = next(data_iter)
+                x, y = [t.to(device, non_blocking=True) for t in batch]
+                criterion(model(x), y).backward()
+                optimizer.step()
+            """,
+        ),
         Invalid(  # loaders reached through a helper, a dict of phases and the legacy Variable wrapper
             """
             from torch.autograd import Variable

@@ -216,6 +216,37 @@ class HostDataToDevicePerStep(Rule):
                 steps = LongTensor([t])
             """,
         ),
+        Invalid(  # built in one statement, moved in the next (each training step)
+            """
+            import numpy as np
+            import torch
+            for _ in range(steps):
+                boards = torch.FloatTensor(np.array(examples))
+                boards = boards.contiguous().cuda()
+                net(boards).sum().backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import numpy as np
+            import torch
+            for _ in range(steps):
+                boards = torch.FloatTensor(np.array(examples))
+                boards = boards.contiguous().pin_memory().cuda(non_blocking=True)
+                net(boards).sum().backward()
+                optimizer.step()
+            """,
+        ),
+        Valid(  # built once before the loop: moving it every iteration is GPU011's business (move it once)
+            """
+            import numpy as np
+            import torch
+            boards = torch.FloatTensor(np.array(examples))
+            for _ in range(steps):
+                x = boards.cuda()
+                net(x).sum().backward()
+                optimizer.step()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -396,11 +427,15 @@ class HostDataToDevicePerStep(Rule):
             return False
         return isinstance(target, cst.Name) and collective_only(self.ctx, target.value)
 
-    def _host_constructor(self, node: cst.BaseExpression) -> cst.Call | None:
-        """`torch.from_numpy(a)` / `torch.tensor(x)` (without device=) under host-only methods like `.float()`."""
+    def _host_constructor(self, node: cst.BaseExpression, follow_name: bool = True) -> cst.Call | None:
+        """`torch.from_numpy(a)` / `torch.tensor(x)` (without device=) under host-only methods like `.float()`;
+        also through a name bound to one earlier in the same loop iteration (`x = torch.FloatTensor(a)` then
+        `x = x.contiguous().cuda()`)."""
         while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and method_name(node) in _HOST_CHAIN:
             node = node.func.value
+        if isinstance(node, cst.Name) and follow_name:
+            return self._built_this_iteration(node)
         if not isinstance(node, cst.Call):
             return None
         qual = self.ctx.qualname(node.func) or ""
@@ -414,6 +449,18 @@ class HostDataToDevicePerStep(Rule):
         if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None:
             return node
         return None
+
+    def _built_this_iteration(self, name: cst.Name) -> cst.Call | None:
+        """The host constructor `name` was bound to by the one assignment reaching here, when that assignment
+        runs as often as the move does (inside the same innermost loop, or anywhere in the function)."""
+        bindings = self.ctx.analysis.reaching_bindings(name.value, self.ctx.ancestors)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
+            return None
+        loop = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, (cst.For, cst.While, cst.FunctionDef))),
+                    None)
+        if isinstance(loop, (cst.For, cst.While)) and bindings[0].order < self.ctx.analysis.order.get(id(loop), 0):
+            return None  # built once before the loop, moved every iteration: GPU011's case (move it once)
+        return self._host_constructor(bindings[0].value, follow_name=False)
 
     def _gathered_on_host(self, sequence: cst.BaseExpression) -> bool:
         """`torch.stack([torch.tensor(r) for r in rows])`, `torch.cat([from_numpy(a), from_numpy(b)])`: pieces

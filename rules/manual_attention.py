@@ -275,19 +275,21 @@ class ManualAttention(Rule):
             call, imports, note = self._build_call(trace, value, problems)
         if call is not None and call_arg(call, "scale") is not None and torch_pinned_below(self.ctx.path, (2, 1)):
             problems.append("the project pins torch below 2.1, whose SDPA has no `scale=`")
+        # spread over statements, the attention is reported where it starts (the scores), as people point at it
+        start = block.body[min(trace.consumed)] if trace.consumed else anchor
         if problems or call is None:
-            self.report(anchor, note=_problem_note(problems))
+            self.report(start, note=_problem_note(problems))
             return
         if not trace.consumed:
             self.report(anchor, replacement=call, imports=imports, note=note)
             return
         owner = _owner(self.ctx.ancestors, stmt_index_in_ancestors)
         if owner is None:
-            self.report(anchor, note="no fix at module level: the statements to remove are not in a function or block")
+            self.report(start, note="no fix at module level: the statements to remove are not in a function or block")
             return
         new_block = _rebuild_block(block, set(trace.consumed), final_index, anchor, call)
         new_owner = owner.deep_replace(block, new_block)
-        self.report(anchor, replacements=[(owner, new_owner)], imports=imports, note=note)
+        self.report(start, replacements=[(owner, new_owner)], imports=imports, note=note)
 
     def _weights_escape(self, trace: "_Trace", block: cst.CSTNode, final_index: int) -> bool:
         """Do the attention weights (the chain's temporaries) leave the function or get stored?"""

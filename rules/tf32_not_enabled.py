@@ -83,7 +83,7 @@ class Tf32NotEnabled(Rule):
     severity = Severity.INFO
     safety = Safety.UNSAFE
     priority = "P1"
-    triggers = ("backward", ".step(")
+    triggers = ("backward", ".step(", "__main__")  # an entry script may only call the training loop
     examples = [
         Valid(
             """

@@ -16,9 +16,10 @@ import pytest
 from gpulint.analysis import HotKind, analyze
 from gpulint.engine import ProgramFacts, node_positions
 from gpulint.semantic.callgraph import CallGraph, Frequency
+from gpulint.semantic.loaders import LoaderFlow
 
 PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
-_EXPECT = re.compile(r"#\s*(frequency|hot):\s*([\w-]+)")
+_EXPECT = re.compile(r"#\s*(frequency|hot|feeds-training):\s*([\w-]+)")
 
 
 def _sources(program: Path) -> dict[str, str]:
@@ -77,6 +78,19 @@ def test_loop_hotness(program: Path, path: str, line: int, expected: str) -> Non
     assert loops, f"no loop on {path}:{line}"
     kind = analysis.hot.get(id(loops[0]))
     assert (kind.value if kind else "none") == expected, f"{path}:{line}"
+
+
+@pytest.mark.parametrize("program, path, line, expected", _expectations("feeds-training"),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_loader_reaches_training_across_files(program: Path, path: str, line: int, expected: str) -> None:
+    sources = _sources(program)
+    module = cst.parse_module(sources[path])
+    flow = LoaderFlow(analyze(module, None, ProgramFacts(sources=sources).calls_for(path)))
+    positions = node_positions(module)
+    loaders = [node for node in _walk(module) if isinstance(node, cst.Call) and positions[id(node)][0] == line
+               and isinstance(node.func, cst.Name) and node.func.value == "DataLoader"]
+    assert loaders, f"no DataLoader call on {path}:{line}"
+    assert ("yes" if flow.reaches_training(loaders[0]) else "no") == expected, f"{path}:{line}"
 
 
 def _walk(node: cst.CSTNode):

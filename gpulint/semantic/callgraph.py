@@ -93,6 +93,10 @@ class FunctionSummary:
     loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
     around_hot: set[int] = field(default_factory=set)  # ids of loops enclosing a training-step loop
     busy_loops: bool = False  # has a step, rollout or search loop of its own
+    # local names (or `self.x`) bound to a call's result, with the tuple element taken (`a, b = f()`)
+    results: dict[str, list[tuple[tuple[str, ...], int | None]]] = field(default_factory=dict)
+    loop_reads: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (loop id, what it iterates)
+    copies: dict[str, list[str]] = field(default_factory=dict)  # `self.loader = loader`: target -> sources
 
 
 @dataclass
@@ -106,6 +110,7 @@ class FileSummary:
     loader_loops: set[int] = field(default_factory=set)  # ids of loops over a data loader (evaluation, epochs)
     repeating_loops: set[int] = field(default_factory=set)  # ids of `while` / `for _ in range(n)` loops
     env_loops: set[int] = field(default_factory=set)  # ids of loops that step an environment or game directly
+    step_loops: set[int] = field(default_factory=set)  # ids of loops that do a training step themselves
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -138,6 +143,36 @@ def _calls_outside_nested(body: list[ast.stmt], *, into_loops: bool) -> list[ast
             found.append(node)
         stack.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _call_target(dotted: str) -> tuple[str, ...]:
+    """How a call names its callee: ("name", f), ("self", m) or ("attr", receiver, m)."""
+    parts = dotted.split(".")
+    if len(parts) == 1:
+        return ("name", parts[0])
+    if parts[0] == "self" and len(parts) == 2:
+        return ("self", parts[1])
+    return ("attr", ".".join(parts[:-1]), parts[-1])
+
+
+# calls that iterate what they are given: `for i, (x, y) in enumerate(tqdm(loader))`
+_ITERATING_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice", "cycle", "track"})
+
+
+def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
+    """What a `for` loop iterates: ("value", name) for a name or `self.x` (`loaders["train"]` counts as
+    `loaders`), ("call", *target) for a call's result (`for x, y in make_loader(ds)`)."""
+    if isinstance(iterable, ast.Call):
+        dotted = _dotted(iterable.func)
+        if dotted is None:
+            return []
+        if vocab.last_part(dotted) in _ITERATING_WRAPPERS:
+            return [source for arg in iterable.args for source in _loop_sources(arg)]
+        return [("call", *_call_target(dotted))]
+    while isinstance(iterable, ast.Subscript):
+        iterable = iterable.value
+    name = _dotted(iterable)
+    return [("value", name)] if name else []
 
 
 def _iterates_loader(loop: ast.AST) -> bool:
@@ -214,6 +249,10 @@ class _Summariser:
                 fn.around_hot.update(loop_id for _, loop_id in loops)
             fn.busy_loops |= inner[-1][0] >= Frequency.PER_ROLLOUT_STEP
             fn.has_step_loop |= inner[-1][0] is Frequency.PER_STEP
+            if inner[-1][0] is Frequency.PER_STEP:
+                self.file.step_loops.add(id(node))
+            if isinstance(node, (ast.For, ast.AsyncFor)):
+                fn.loop_reads.extend((id(node), source) for source in _loop_sources(node.iter))
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
             if _repeats(node):
@@ -249,6 +288,11 @@ class _Summariser:
             return
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
+            self._record_result(node, fn)
+        elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
+            for bound in node.targets:
+                if (name := _dotted(bound)) is not None:
+                    fn.copies.setdefault(name, []).append(source)
         self._scan_expressions([node], fn, loops, throttled)
 
     def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
@@ -261,13 +305,7 @@ class _Summariser:
                 continue
             if vocab.last_part(dotted) == "compile" and call.args and isinstance(call.args[0], ast.Name):
                 self.file.compiled.add(call.args[0].id)
-            parts = dotted.split(".")
-            if len(parts) == 1:
-                target: tuple[str, ...] = ("name", parts[0])
-            elif parts[0] == "self" and len(parts) == 2:
-                target = ("self", parts[1])
-            else:
-                target = ("attr", ".".join(parts[:-1]), parts[-1])
+            target = _call_target(dotted)
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed))
@@ -307,6 +345,22 @@ class _Summariser:
             return
         for alias in node.names:
             self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
+
+    @staticmethod
+    def _record_result(node: ast.Assign | ast.AnnAssign, fn: FunctionSummary) -> None:
+        """`train_loader, val_loader = get_loaders(cfg)`: which names hold which element of which call."""
+        dotted = _dotted(node.value.func)  # type: ignore[union-attr]
+        if dotted is None:
+            return
+        target = _call_target(dotted)
+        for bound in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+            if isinstance(bound, (ast.Tuple, ast.List)):
+                for index, element in enumerate(bound.elts):
+                    name = _dotted(element)
+                    if name is not None:
+                        fn.results.setdefault(name, []).append((target, index))
+            elif (name := _dotted(bound)) is not None:
+                fn.results.setdefault(name, []).append((target, None))
 
     def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
         value = node.value
@@ -361,7 +415,7 @@ class CallGraph:
     def __init__(self, sources: dict[str, str], module_classes: frozenset[str] = frozenset()) -> None:
         self.files: dict[str, FileSummary] = {}
         for path, text in sources.items():
-            if "def " not in text:
+            if "def " not in text and "for " not in text:
                 continue
             summary = _summarise_text(path, text, module_classes)
             if summary is not None:
@@ -390,6 +444,7 @@ class CallGraph:
         self._passed_in = self._functions_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions were known
         self._propagate()
+        self._feeding = self._names_feeding_training()
 
     # -- resolution ------------------------------------------------------------------------------
 
@@ -460,11 +515,11 @@ class CallGraph:
         template method: `Base_Agent.step` calls what `DQN` or `PPO` provides)."""
         found = []
         for name, places in self._classes.items():
-            if name == class_name or len(places) != 1:
+            if name == class_name:
                 continue
-            path, _ = places[0]
-            if self._inherits(path, name, class_name) and f"{name}.{method}" in self.files[path].functions:
-                found.append((path, f"{name}.{method}"))
+            for path, _ in places:  # (one `NNetWrapper(NeuralNet)` per game folder: each overrides)
+                if self._inherits(path, name, class_name) and f"{name}.{method}" in self.files[path].functions:
+                    found.append((path, f"{name}.{method}"))
         return found
 
     def _inherits(self, path: str, class_name: str, ancestor: str, depth: int = 0) -> bool:
@@ -496,8 +551,8 @@ class CallGraph:
                     return [(path, local)]
                 scope.pop()
             found = self._function_in(path, name)
-            if not found and name in summary.classes:  # constructing a program class runs its __init__
-                return self._method(path, name, "__init__")
+            if not found and (name in summary.classes or name[:1].isupper() and name in self._classes):
+                return self._method(path, name, "__init__")  # constructing a program class runs its __init__
             if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
                 return self._passed_in.get((path, fn.key, name), [])
             return found
@@ -531,7 +586,10 @@ class CallGraph:
             return candidates
         nearest = self._nearest(path, sorted({p for p, _ in candidates}))
         beside = [(p, k) for p, k in candidates if p == nearest]
-        return beside if len({k.rsplit('.', 1)[0] for _, k in beside}) == 1 else []
+        if len({k.rsplit('.', 1)[0] for _, k in beside}) != 1:
+            return []
+        # an interface method (`NeuralNet.predict`): the call runs whichever subclass the object is
+        return [*beside, *(o for o in self._overrides(beside[0][1].rsplit(".", 1)[0], method) if o not in beside)]
 
     def _functions_passed_in(self) -> dict[tuple[str, str, str], list[tuple[str, str]]]:
         """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
@@ -714,13 +772,92 @@ class CallGraph:
             self._loop_verdicts[key] = found
         return found
 
+    # -- where a data loader's batches are consumed ------------------------------------------------
+
+    def _is_training_loop(self, path: str, fn: FunctionSummary, loop: int) -> bool:
+        if loop in self.files[path].step_loops:
+            return True
+        trainer, step, _, _ = self._loop_calls(path, fn, self._step_functions, self._rollout_functions).get(
+            loop, _NOTHING)
+        return trainer or step
+
+    def _parameter(self, callee: tuple[str, str], slot: str | int) -> str | None:
+        """The parameter of `callee` that an argument in `slot` (position or keyword) binds to."""
+        params = self.files[callee[0]].functions[callee[1]].params
+        if isinstance(slot, str):
+            return slot if slot in params else None
+        if self.files[callee[0]].functions[callee[1]].class_name is not None and params[:1] in (("self",), ("cls",)):
+            params = params[1:]
+        return params[slot] if slot < len(params) else None
+
+    def _names_feeding_training(self) -> set[tuple[str, str, str]]:
+        """(path, function key, name) of the names whose value a training-step loop iterates: directly
+        (`for x, y in train_loader:`), through a parameter of a function that does (`train(model, loader)`, in
+        any file), or through an attribute that another method of the class iterates (`self.loader = loader`)."""
+        feeding: set[tuple[str, str, str]] = set()
+        every = [(path, summary, fn) for path, summary in self.files.items() for fn in summary.functions.values()]
+        for path, _, fn in every:
+            for loop, source in fn.loop_reads:
+                if source[0] == "value" and self._is_training_loop(path, fn, loop):
+                    feeding.add((path, fn.key, source[1]))
+        for _ in range(MAX_DEPTH):
+            grown = set()
+            for path, summary, fn in every:
+                for site in fn.sites:
+                    for slot, name in site.passed:
+                        if (path, fn.key, name) not in feeding and any(
+                                (*callee, self._parameter(callee, slot)) in feeding
+                                for callee in self.resolve(path, fn, site.target)):
+                            grown.add((path, fn.key, name))
+                for target, sources in fn.copies.items():
+                    if self._feeds(path, summary, fn, target, feeding):
+                        grown |= {(path, fn.key, source) for source in sources} - feeding
+            if not grown:
+                break
+            feeding |= grown
+        return feeding
+
+    @staticmethod
+    def _feeds(path: str, summary: FileSummary, fn: FunctionSummary, name: str,
+               feeding: set[tuple[str, str, str]]) -> bool:
+        if (path, fn.key, name) in feeding:
+            return True
+        return name.startswith("self.") and fn.class_name is not None and any(
+            (path, other.key, name) in feeding for other in summary.functions.values()
+            if other.class_name == fn.class_name)
+
+    def _loader_markers(self) -> dict[str, set[str]]:
+        """path -> markers for the per-file loader flow: `<key>#returns-training-data` (or `...-data<n>` for
+        element n of a returned tuple) when what the function returns is iterated by a training loop somewhere
+        in the program, and `<key>#passes-training-data:<callee>:<slot>` when the function passes a value to a
+        parameter that is."""
+        markers: dict[str, set[str]] = {}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                returned = [calls for name, calls in fn.results.items()
+                            if self._feeds(path, summary, fn, name, self._feeding)]
+                returned.append([(source[1:], None) for loop, source in fn.loop_reads
+                                 if source[0] == "call" and self._is_training_loop(path, fn, loop)])
+                for target, index in (pair for calls in returned for pair in calls):
+                    for callee_path, callee_key in self.resolve(path, fn, target):
+                        markers.setdefault(callee_path, set()).add(
+                            f"{callee_key}#returns-training-data{'' if index is None else index}")
+                for site in fn.sites:
+                    for slot, name in site.passed:
+                        if any((*callee, self._parameter(callee, slot)) in self._feeding
+                               for callee in self.resolve(path, fn, site.target)):
+                            markers.setdefault(path, set()).add(
+                                f"{fn.key}#passes-training-data:{site.target[-1]}:{slot}")
+        return markers
+
     def by_file(self) -> dict[str, dict[str, Frequency]]:
         """path -> {function key -> frequency} for the functions that run more than once (from their callers),
         and {loop key -> frequency} for loops that are step or rollout loops by what their calls resolve to
         (`for _ in range(sims): prior, value = evaluate(state)` with `evaluate` a network evaluation passed in).
         A loop key is `<function key>#loop<n>`, n counting the function's loops in source order; a function the
-        program calls only now and then gets `<function key>#rare`, and one called per step of such a function's
-        rollout (an evaluation episode) `<function key>#rare-rollout`."""
+        program calls only now and then gets `<function key>#rare`, one called per step of such a function's
+        rollout (an evaluation episode) `<function key>#rare-rollout`, and one that trains when called (itself or
+        through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level)."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -740,6 +877,15 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}"] = frequency
                     elif verdicts.get(loop, _NOTHING)[3]:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}#outer"] = Frequency.ONCE
+        for path, key in self._trainer_set:
+            found.setdefault(path, {})[f"{key}#trains"] = Frequency.PER_STEP
+        for path, summary in self.files.items():  # a script whose top level starts the (imported) training
+            module = summary.functions["<module>"]
+            if any(not site.throttled and set(self.resolve(path, module, site.target)) & self._trainer_set
+                   for site in module.sites):
+                found.setdefault(path, {})["<module>#trains"] = Frequency.PER_STEP
+        for path, markers in self._loader_markers().items():
+            found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:

@@ -79,6 +79,7 @@ class _Carriers:
     attrs: set[str] = field(default_factory=set)
     direct_loops: list[cst.CSTNode] = field(default_factory=list)  # `for b in DataLoader(...)`
     lightning_train: bool = False  # returned from `train_dataloader()`
+    fed_elsewhere: bool = False  # returned to, or passed into, a training loop of another function or file
     added: list[tuple] = field(default_factory=list)  # every key above, in the order it was found (a work list)
 
     def add_name(self, scope: int, name: str) -> bool:
@@ -116,6 +117,7 @@ class LoaderFlow(PerFileFacts):
         self.loops: list[cst.CSTNode] = []
         self.assigns: list[cst.CSTNode] = []
         self.calls: list[cst.Call] = []
+        self.returns: list[cst.Return] = []
         stack: list[cst.CSTNode] = [analysis.module]
         while stack:
             node = stack.pop()
@@ -125,6 +127,8 @@ class LoaderFlow(PerFileFacts):
                 self.assigns.append(node)
             elif isinstance(node, cst.Call):
                 self.calls.append(node)
+            elif isinstance(node, cst.Return):
+                self.returns.append(node)
             for child in child_nodes(node):
                 self.parents[id(child)] = node
                 stack.append(child)
@@ -242,6 +246,12 @@ class LoaderFlow(PerFileFacts):
         for position, loop in enumerate(self.loops):
             if isinstance(loop, (cst.For, cst.CompFor)):
                 add(loop.iter, ("loop", position))
+        for statement in self.returns:
+            if isinstance(statement.value, cst.Tuple):
+                for element_index, element in enumerate(statement.value.elements):
+                    add(element.value, ("return", statement, element_index))
+            elif statement.value is not None:
+                add(statement.value, ("return", statement, None))
         self._use_index = index
         return index
 
@@ -291,6 +301,9 @@ class LoaderFlow(PerFileFacts):
                             and any(isinstance(t.target, cst.Tuple) for t in grand.targets)):
                         node, parent = container, grand
                         continue
+                    if isinstance(container, cst.Tuple) and isinstance(grand, cst.Return):
+                        self._returned(grand, list(container.elements).index(parent), carriers)
+                        return
                     if isinstance(container, cst.Tuple) and isinstance(grand, cst.Assign):
                         index = list(container.elements).index(parent)
                         for target in grand.targets:
@@ -309,6 +322,8 @@ class LoaderFlow(PerFileFacts):
             function = self.enclosing_function(parent)
             if function is None:
                 return
+            if isinstance(parent, cst.Return):
+                self._returned(parent, None, carriers)
             name = function.name.value
             if name in ("train_dataloader",):
                 carriers.lightning_train = True
@@ -355,7 +370,26 @@ class LoaderFlow(PerFileFacts):
                 found.append((fn, params[index].name.value))
         return found
 
+    def _program_says(self, node: cst.CSTNode, marker: str) -> bool:
+        """Whether the call graph marked the function around `node` so (`<key><marker>`)."""
+        function = self.enclosing_function(node)
+        key = "<module>" if function is None else self.a.function_key.get(id(function), function.name.value)
+        return f"{key}{marker}" in self.a.program_keys
+
+    def _returned(self, statement: cst.Return, index: int | None, carriers: _Carriers) -> None:
+        """The loader is returned (alone, or as element `index` of a tuple): a training loop of the program
+        iterates what the function returns (`train_loader, val_loader = get_loaders(cfg)` in another file)."""
+        if self._program_says(statement, "#returns-training-data") or (
+                index is not None and self._program_says(statement, f"#returns-training-data{index}")):
+            carriers.fed_elsewhere = True
+
     def _into_call(self, call: cst.Call, arg: cst.Arg, carriers: _Carriers) -> bool:
+        called = _called_name(call)
+        if called is not None and not arg.star:
+            slot = arg.keyword.value if arg.keyword is not None else [
+                a for a in call.args if a.keyword is None].index(arg)
+            if self._program_says(call, f"#passes-training-data:{called}:{slot}"):
+                carriers.fed_elsewhere = True  # `train(model, loader)`: a training loop in another file
         changed = False
         for fn, param in self._params_for(call, arg):
             changed |= carriers.add_name(id(fn), param)
@@ -394,6 +428,8 @@ class LoaderFlow(PerFileFacts):
                     self._flow_through(entry[1], carriers)
                 elif entry[0] == "arg":
                     self._into_call(entry[1], entry[2], carriers)
+                elif entry[0] == "return":
+                    self._returned(entry[1], entry[2], carriers)
         return carriers
 
     def iterating_loops(self, carriers: _Carriers) -> list[cst.CSTNode]:
@@ -405,7 +441,7 @@ class LoaderFlow(PerFileFacts):
 
     def reaches_training(self, call: cst.Call) -> bool:
         carriers = self.carriers(call)
-        if carriers.lightning_train:
+        if carriers.lightning_train or carriers.fed_elsewhere:
             return True
         if any(self.is_training_loop(loop) for loop in self.iterating_loops(carriers)):
             return True

@@ -192,12 +192,14 @@ def tf32_facts(path: str, text: str) -> _Facts:
 
 def training_entry_anchor(ctx, *, any_main_guard: bool = False) -> cst.CSTNode | None:
     """Where a program-level finding is reported: the `if __name__ == "__main__":` statement of a file that
-    has a training loop (hot region of kind step-loop/step-function); in a script without a guard, its
+    has a training loop (hot region of kind step-loop/step-function) or calls one in another file; in a script without a guard, its
     first top-level training loop, or the first top-level statement that calls a function of the file
     containing one (`for epoch in ...: train()`). None when the current file is not a training entry."""
     analysis = ctx.analysis
     steps = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
     trains = any(kind in steps for kind in analysis.hot.values())
+    if analysis.main_guard is not None and not trains:  # `Trainer(cfg, model, data).run()` from another file
+        trains = any(key.endswith("#trains") for key in analysis.program_keys)
     if analysis.main_guard is not None and (trains or any_main_guard):
         return analysis.main_guard
     if not trains:

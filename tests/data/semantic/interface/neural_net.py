@@ -1,0 +1,5 @@
+class NeuralNet:
+    """The interface every game's network wrapper implements."""
+
+    def predict(self, board):
+        raise NotImplementedError
