@@ -138,6 +138,19 @@ class DataParallel(Rule):
                 return DataParallel(module=module, device_ids=devices)
             """
         ),
+        Invalid(  # a setup helper that wraps the model it is given and returns it to a training script
+            """
+            import torch
+            def setup(model, args):
+                if args.n_gpu > 1:
+                    model = torch.nn.DataParallel(model)
+                return model, torch.optim.SGD(model.parameters(), lr=0.1)
+            model, optimizer = setup(Net().cuda(), args)
+            for x, y in loader:
+                criterion(model(x.cuda()), y.cuda()).backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # re-wrapping a copy of a module that was already DataParallel
             """
             import copy
@@ -276,9 +289,11 @@ class DataParallel(Rule):
             while isinstance(root, cst.Attribute):
                 root = root.value
             params = {p.name.value for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]}
+            target = self._target(ancestors) or ""
             if isinstance(root, cst.Name) and root.value in params and root.value != "self" \
-                    and not (self._target(ancestors) or "").startswith("self."):
-                return True  # a helper wrapping a module its caller passes in (and not keeping it)
+                    and not target.startswith("self.") and target != "<return>" \
+                    and not (target and self._returned(target, fn.body)):
+                return True  # a helper wrapping a module its caller passes in (neither keeping nor returning it)
         if self._ddp_alternative(ancestors):
             return True
         scope: cst.CSTNode = fn if fn is not None else a.module
@@ -361,7 +376,8 @@ class DataParallel(Rule):
     def _returned(target: str, body: cst.CSTNode) -> bool:
         for n in walk(body):
             if isinstance(n, cst.Return) and n.value is not None:
-                returned = dotted_name(n.value)
-                if returned is not None and (target == returned or target.startswith(returned + ".")):
-                    return True  # `model.features = DataParallel(...)`, then `return model`
+                values = [e.value for e in n.value.elements] if isinstance(n.value, cst.Tuple) else [n.value]
+                for returned in map(dotted_name, values):  # `return model` / `return model, optimizer`
+                    if returned is not None and (target == returned or target.startswith(returned + ".")):
+                        return True  # `model.features = DataParallel(...)`, then `return model`
         return False
