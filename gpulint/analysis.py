@@ -1194,8 +1194,9 @@ class Evidence:
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)
                 return data is not None and self._host_data(data.value, depth + 1)
-            if _LEGACY_HOST_TENSOR.fullmatch(qual) and node.args:  # `torch.FloatTensor(np.array(boards))`
-                return self._host_data(node.args[0].value, depth + 1)
+            if _LEGACY_HOST_TENSOR.fullmatch(qual) and node.args and not isinstance(
+                    node.args[0].value, (cst.List, cst.Tuple)):  # `torch.FloatTensor(np.array(boards))` (a few
+                return self._host_data(node.args[0].value, depth + 1)  # Python numbers are GPU013's business)
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):

@@ -460,6 +460,10 @@ class HostDataToDevicePerStep(Rule):
                     None)
         if isinstance(loop, (cst.For, cst.While)) and bindings[0].order < self.ctx.analysis.order.get(id(loop), 0):
             return None  # built once before the loop, moved every iteration: GPU011's case (move it once)
+        order = self.ctx.analysis.order
+        if not any(order.get(id(statement)) == bindings[0].order for block in self.ctx.ancestors
+                   if isinstance(block, (cst.IndentedBlock, cst.Module)) for statement in block.body):
+            return None  # bound under a condition the move is not under (`if not torch.is_tensor(x): x = ...`)
         return self._host_constructor(bindings[0].value, follow_name=False)
 
     def _gathered_on_host(self, sequence: cst.BaseExpression) -> bool:

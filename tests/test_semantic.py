@@ -123,6 +123,10 @@ def test_tensor_proven_by_use() -> None:
                               "    y = x.detach()\n")
     function = module.body[0]
     assert {"p_loss", "v_loss", "total", "x"} <= tensors_by_use(function)
+    inline = cst.parse_module("def f(self, v_loss, pg_loss, entropy, n):\n"
+                              "    (v_loss * self.c + pg_loss - entropy * self.e).backward()\n    m = n + 1\n")
+    assert {"v_loss", "pg_loss", "entropy"} <= tensors_by_use(inline.body[0])
+    assert "n" not in tensors_by_use(inline.body[0])
 
 
 def test_rollout_loop_kind_is_hot_kind() -> None:

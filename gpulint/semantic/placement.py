@@ -596,6 +596,11 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
             proven.add(node.func.value.value)
             if node.func.attr.value == "backward":
                 backward.add(node.func.value.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "backward":  # `(v_loss * c + pg_loss - entropy * e).backward()`
+            leaves: list[cst.BaseExpression] = []
+            _leaf_operands(node.func.value, leaves)
+            proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
         elif isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
             assigned.setdefault(node.targets[0].target.value, []).append(node.value)
     for name in backward:  # `total = p_loss + c * v_loss`: the operands of a loss are tensors too
