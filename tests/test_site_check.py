@@ -97,7 +97,7 @@ def test_fix_apply_skips_a_site_whose_rewrite_disagrees(tmp_path, monkeypatch, c
     def rewrite_is_wrong(original, rewritten, *args, **kwargs):
         return real(original, rewritten.replace("x.to(device", "(x + 1).to(device"), *args, **kwargs)
 
-    monkeypatch.setattr(cli.subprocess, "run", _in_process_verify)
+    monkeypatch.setattr(subprocess, "run", _in_process_verify)  # (cli imports subprocess lazily)
     monkeypatch.setattr(site_check, "check_site", rewrite_is_wrong)
     code = cli.main(["fix", "--apply", "--select", "GPU011", "--no-cache", str(path)])
     err = capsys.readouterr().err

@@ -1,5 +1,7 @@
 """The runtime micro-checks: every fixing rule's check passes on CPU, and a wrong rewrite is caught."""
 
+import subprocess
+
 import pytest
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Valid
@@ -79,7 +81,7 @@ def test_fix_apply_demotes_rules_whose_check_fails(tmp_path, monkeypatch, capsys
                   "sites": [{"status": "equal", "reason": ""}]}
         return subprocess.CompletedProcess(command, 0, json.dumps(report), "")
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_verify)
+    monkeypatch.setattr(subprocess, "run", fake_verify)  # (cli imports subprocess lazily)
     code = cli.main(["fix", "--apply", "--select", "GPU011", "--no-cache", str(path)])
     assert asked and "verify" in asked[0] and "GPU011" in asked[0]
     assert path.read_text() == source and code == 1
