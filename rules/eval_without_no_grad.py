@@ -7,6 +7,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
+from gpulint.semantic.dataflow import flow_from, names_in
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
 from gpulint.semantic.modules import code_of
 
@@ -481,7 +482,7 @@ class EvalWithoutNoGrad(Rule):
             if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
                 for target in targets:
-                    assigned |= _names(target)
+                    assigned |= names_in(target)
             elif isinstance(node, cst.Call) and method_name(node) in ("append", "extend") and \
                     isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
                 assigned.add(node.func.value.value)
@@ -492,9 +493,9 @@ class EvalWithoutNoGrad(Rule):
             # last assignment first: with three rounds, this order decides how long a chain of names is followed
             for node in reversed(list(walk(scope, into_functions=True))):
                 if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and not _loop_contains(loop, node) \
-                        and node.value is not None and _names(node.value) & assigned:
+                        and node.value is not None and names_in(node.value) & assigned:
                     targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                    new = set().union(*(_names(t) for t in targets)) - assigned
+                    new = set().union(*(names_in(t) for t in targets)) - assigned
                     if new:
                         assigned |= new
                         grown = True
@@ -505,7 +506,7 @@ class EvalWithoutNoGrad(Rule):
                 continue
             if isinstance(node, cst.Call) and (method_name(node) == "backward" or (
                     dotted_name(node.func) or "").endswith("autograd.grad")):
-                used = _names(node)
+                used = names_in(node)
                 if used & assigned or _loop_contains(loop, node):
                     return True
         return False
@@ -529,21 +530,9 @@ class EvalWithoutNoGrad(Rule):
         return False
 
 
-def _derived_from(function: cst.FunctionDef, calls: list[cst.Call]) -> set[str]:
+def _derived_from(function: cst.FunctionDef, calls: list[cst.Call]) -> frozenset[str]:
     """Names bound to the network outputs and to values computed from them (not through `.detach()` & co.)."""
-    assignments = [n for n in walk(function.body) if isinstance(n, cst.Assign)]
-    outputs: set[str] = set()
-    for _ in range(4):
-        grown = False
-        for assign in assignments:
-            value = assign.value
-            if value in calls or _names(value) & outputs and not _DATA_USE.search(code_of(value)):
-                new = set().union(*(_names(t.target) for t in assign.targets)) - outputs
-                outputs |= new
-                grown |= bool(new)
-        if not grown:
-            break
-    return outputs
+    return flow_from(function, calls, lambda value, _: bool(_DATA_USE.search(code_of(value)))).names
 
 
 def _returns_graph(function: cst.FunctionDef, calls: list[cst.Call]) -> bool:
@@ -552,7 +541,7 @@ def _returns_graph(function: cst.FunctionDef, calls: list[cst.Call]) -> bool:
     outputs = _derived_from(function, calls)
     for node in walk(function.body):
         if isinstance(node, cst.Return) and node.value is not None and not _DATA_USE.search(code_of(node.value)):
-            if _names(node.value) & outputs or any(inner in calls for inner in walk(node.value)):
+            if names_in(node.value) & outputs or any(inner in calls for inner in walk(node.value)):
                 return True
     return False
 
@@ -564,31 +553,22 @@ def _outputs_consumed_here(function: cst.FunctionDef, calls: list[cst.Call]) -> 
     assignments = [n for n in walk(function.body) if isinstance(n, cst.Assign)]
     if not all(any(a.value is call for a in assignments) for call in calls):
         return False  # an output used in place (`return net(x)`, `buf.append(net(x))`)
-    outputs: set[str] = set()
-    for _ in range(4):  # outputs, then names computed from them (`h = net(x)`, `out = head(h)`)
-        grown = False
-        for assign in assignments:
-            if assign.value in calls or _names(assign.value) & outputs and not _opaque_call(assign.value, outputs):
-                if any(not isinstance(t.target, (cst.Name, cst.Tuple, cst.List)) for t in assign.targets):
-                    return False  # `self.state = net(obs)`, `buf[i] = value`: kept
-                new = set().union(*(_names(t.target) for t in assign.targets)) - outputs
-                outputs |= new
-                grown |= bool(new)
-        if not grown:
-            break
+    flow = flow_from(function, calls, _opaque_call)  # outputs, then names computed from them
+    if flow.kept:
+        return False  # `self.state = net(obs)`, `buf[i] = value`: kept
     for node in walk(function.body):
-        if isinstance(node, cst.Return) and node.value is not None and _names(node.value) & outputs:
+        if isinstance(node, cst.Return) and node.value is not None and names_in(node.value) & flow.names:
             return False
         if isinstance(node, cst.Call) and method_name(node) in ("append", "extend", "insert", "add", "put") \
-                and any(_names(arg.value) & outputs for arg in node.args):
+                and any(names_in(arg.value) & flow.names for arg in node.args):
             return False
-    return bool(outputs)
+    return bool(flow.names)
 
 
-def _opaque_call(value: cst.BaseExpression, outputs: set[str]) -> bool:
+def _opaque_call(value: cst.BaseExpression, outputs: set[str] | frozenset[str]) -> bool:
     """A call of a program function given an output (`self.tree.run(n, state)`): what it returns is its own
     business (a search returns visit counts), unlike torch ops and methods of the output itself."""
-    if not isinstance(value, cst.Call) or _names(value.func) & outputs:
+    if not isinstance(value, cst.Call) or names_in(value.func) & outputs:
         return False
     root = value.func
     while isinstance(root, cst.Attribute):
@@ -673,10 +653,6 @@ def _in_loop_within(flow: LoaderFlow, call: cst.Call, function: cst.FunctionDef)
 
 def _loop_contains(loop: cst.CSTNode, node: cst.CSTNode) -> bool:
     return any(n is node for n in walk(loop, into_functions=True))
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in walk(node, into_functions=True) if isinstance(n, cst.Name)}
 
 
 def _model_key(node: cst.BaseExpression) -> str | None:

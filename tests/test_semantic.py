@@ -240,3 +240,18 @@ def test_rollout_function_returning_its_graph_gets_no_automatic_no_grad() -> Non
     detached = text.replace("    return value\n", "    return value.detach()\n")
     fixed = lint_text(detached, "play.py", rules).diagnostics
     assert [d.line for d in fixed] == [3] and fixed[0].fix is not None
+
+
+def test_values_flow_from_a_network_call_until_read_as_data() -> None:
+    import re
+
+    from gpulint.semantic.dataflow import flow_from
+
+    module = cst.parse_module("def act(self, obs):\n    h = self.net(obs)\n    out = self.head(h)\n"
+                              "    score = out.mean().item()\n    self.last = out\n    n = 3\n")
+    function = module.body[0]
+    calls = [node for node in _walk(function) if isinstance(node, cst.Call)
+             and cst.Module([]).code_for_node(node) == "self.net(obs)"]
+    flow = flow_from(function, calls, lambda value, _: bool(re.search(r"\.item\(", cst.Module([]).code_for_node(value))))
+    assert {"h", "out"} <= flow.names and flow.kept  # `self.last = out` keeps an output
+    assert "score" not in flow.names and "n" not in flow.names
