@@ -315,6 +315,20 @@ class HostSyncInHotLoop(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # an action sampled from a distribution over a network's output, read back every move
+            """
+            import torch
+            from torch.distributions import Categorical
+            policy = Policy().cuda()
+            def act(logits):
+                return Categorical(logits=logits).sample().item()
+            for t in range(horizon):
+                with torch.no_grad():
+                    logits = policy(obs)
+                obs, reward, done, info = env.step(act(logits))
+            """,
+            count=1,
+        ),
         Invalid(  # the same draw made on the device is read back every step
             """
             import torch

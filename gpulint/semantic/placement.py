@@ -455,6 +455,11 @@ class Placement:
     def _method(self, node: cst.Call, name: str, depth: int, before: int | None) -> str | None:
         assert isinstance(node.func, cst.Attribute)
         receiver = node.func.value
+        if name in _DISTRIBUTION_OUTPUTS:
+            built = self._distribution(receiver, before)
+            if built is not None:  # `Categorical(logits=l).sample()`: a tensor where its parameters live
+                kinds = [self.of(arg.value, depth + 1, before) for arg in built.args if not arg.star]
+                return DEVICE if DEVICE in kinds else HOST if kinds and set(kinds) <= {HOST, NONTENSOR} else TENSOR
         if name in _NON_TENSOR_METHODS:
             if name == "numpy" or name in ("item", "tolist"):
                 return NONTENSOR
@@ -489,6 +494,17 @@ class Placement:
             if kind is None and inner is None and (name in _NUMPY_SHARED or name in _MODULE_SHARED):
                 return None
             return kind or TENSOR
+        return None
+
+    def _distribution(self, node: cst.BaseExpression, before: int | None) -> cst.Call | None:
+        """The `torch.distributions.X(...)` call `node` is, or the one name `node` was bound to."""
+        if isinstance(node, cst.Name):
+            bindings = self.reaching(node.value, before)
+            if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
+                return None
+            node = bindings[0].value
+        if isinstance(node, cst.Call) and (self.ctx.qualname(node.func) or "").startswith("torch.distributions."):
+            return node
         return None
 
     def _module_call(self, node: cst.Call, depth: int, before: int | None) -> str | None:
@@ -574,6 +590,9 @@ class Placement:
 
 
 _TENSORS_BY_USE: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
+# what a torch.distributions object returns: tensors
+_DISTRIBUTION_OUTPUTS = frozenset({"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n",
+                                   "enumerate_support"})
 # methods numpy arrays, Python numbers and containers do not have
 _TENSOR_ONLY_USES = frozenset({"backward", "detach", "cpu", "cuda", "to", "unsqueeze", "masked_fill", "masked_fill_",
                                "softmax", "log_softmax", "expand_as", "view_as", "type_as", "new_zeros", "new_ones",
