@@ -196,6 +196,8 @@ def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[c
 # bindings
 
 
+# wrappers that return a loader whose batches arrive on the device (Lightning Fabric, Hugging Face Accelerate)
+_DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_data_loader"})
 # the legacy typed constructors build CPU tensors (`torch.cuda.FloatTensor` is the CUDA family)
 _LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
 
@@ -336,6 +338,42 @@ class FileAnalysis:
         self.acting: set[int] = set()
         # what the program's call graph says of this file's functions and loops, by key (see CallGraph.by_file)
         self.program_keys: dict[str, Frequency] = {}
+        self._integer_constants: dict[str, int] | None = None
+        self._wraps_loaders: bool | None = None
+
+    def integer_constants(self) -> dict[str, int]:
+        """Integers the file fixes by name: module-level `log_interval = 1` (assigned once) and argparse
+        defaults (`add_argument("--policy-delay", default=2)` as `policy_delay`). Computed on first use."""
+        if self._integer_constants is None:
+            found: dict[str, int] = {}
+            assigned: set[str] = set()
+            for line in self.module.body:  # (read from the tree itself: the prepass asks before scopes are done)
+                for small in (line.body if isinstance(line, cst.SimpleStatementLine) else ()):
+                    if isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                            and isinstance(small.targets[0].target, cst.Name):
+                        name = small.targets[0].target.value
+                        if name in assigned:
+                            found.pop(name, None)
+                        elif isinstance(small.value, cst.Integer):
+                            found[name] = int(small.value.evaluated_value)
+                        assigned.add(name)
+            for node in walk(self.module, into_functions=True):
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                        and node.func.attr.value == "add_argument" and node.args:
+                    flag = string_value(node.args[0].value)
+                    default = call_arg(node, "default")
+                    if flag and flag.startswith("-") and default is not None and isinstance(default.value, cst.Integer):
+                        found.setdefault(flag.lstrip("-").replace("-", "_"), int(default.value.evaluated_value))
+            self._integer_constants = found
+        return self._integer_constants
+
+    def wraps_loaders_for_device(self) -> bool:
+        """Does the file hand a loader to `fabric.setup_dataloaders` / `accelerator.prepare(...)`?"""
+        if self._wraps_loaders is None:
+            self._wraps_loaders = any(
+                isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value in _DEVICE_LOADER_WRAPPERS for n in walk(self.module, into_functions=True))
+        return self._wraps_loaders
 
     # -- names -------------------------------------------------------------------------------
 
@@ -518,7 +556,7 @@ class _PrePass(cst.CSTVisitor):
         for node in reversed(self.stack[:-1]):
             if type(node) in _REGION_TYPES or type(node) in _BARRIER_TYPES:
                 return False
-            if isinstance(node, cst.If) and _throttling_test(node.test):
+            if isinstance(node, cst.If) and _throttling_test(self.a, node.test):
                 return True
         return False
 
@@ -828,11 +866,38 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.acting.add(id(fn))
 
 
-def _throttling_test(test: cst.BaseExpression) -> bool:
+def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
     names |= {n.attr.value for n in walk(test) if isinstance(n, cst.Attribute)}
-    has_modulo = any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in walk(test))
-    return vocab.throttles(names, has_modulo)
+    every, throttled = set(), False
+    for key, value in _modulo_divisors(a, test):
+        if vocab.every_step(value):
+            every.add(key)
+        else:
+            throttled = True
+    return vocab.throttles(names - every, throttled)
+
+
+def every_n_steps(a: FileAnalysis, test: cst.BaseExpression) -> bool:
+    """Does an `if` test run its body once every N steps (`step % N == 0`)? Not when N is known to be 1 or 2
+    (`log_interval = 1` at module level, an argparse default): that body runs every step."""
+    return any(not vocab.every_step(value) for _, value in _modulo_divisors(a, test))
+
+
+def _modulo_divisors(a: FileAnalysis, test: cst.BaseExpression) -> list[tuple[str | None, int | None]]:
+    """(name, value if known) of the divisor of each `x % divisor` in `test` (string formatting excluded)."""
+    found = []
+    for node in walk(test):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo) and not isinstance(
+                node.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            divisor = node.right
+            key = divisor.value if isinstance(divisor, cst.Name) else divisor.attr.value if isinstance(
+                divisor, cst.Attribute) else None
+            if isinstance(divisor, cst.Integer):
+                found.append((None, int(divisor.evaluated_value)))
+            else:
+                found.append((key, a.integer_constants().get(key) if key is not None else None))
+    return found
 
 
 def _in_update_loop(region: _Region, trainers: frozenset[str]) -> bool:
@@ -1255,9 +1320,38 @@ class Evidence:
                     return True
         return self.is_cpu_source(node, depth)
 
+    def loader_on_device(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A loader whose batches arrive on the device: passed through `fabric.setup_dataloaders(...)` or
+        `accelerator.prepare(...)` (`for x, y in tqdm(train_loader)` after `train_loader = fabric.setup_...`)."""
+        if depth > 4:
+            return False
+        if isinstance(node, cst.Call):
+            if method_name(node) in _DEVICE_LOADER_WRAPPERS and isinstance(node.func, cst.Attribute):
+                return True
+            func = dotted_name(node.func) or ""
+            if func.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter") and node.args:
+                return self.loader_on_device(node.args[0].value, depth + 1)
+            return False
+        if isinstance(node, cst.Name):
+            bindings = self.a.reaching_bindings(node.value, self.ancestors)
+            return bool(bindings) and all(b.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) and b.value is not None
+                                          and self.loader_on_device(b.value, depth + 1) for b in bindings)
+        return False
+
+    def batch_placement_unknown(self, binding: Binding) -> bool:
+        """A batch of a loader that arrives as a parameter, in a file that hands loaders to Fabric or Accelerate
+        for the device: the caller's loader may deliver device batches (`train(fabric, model, loader)`)."""
+        iterable = binding.value
+        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in (
+                "enumerate", "tqdm", "iter") and iterable.args:
+            iterable = iterable.args[0].value
+        if not isinstance(iterable, cst.Name) or not self.a.wraps_loaders_for_device():
+            return False
+        return any(b.kind is BindingKind.PARAM for b in self.a.reaching_bindings(iterable.value, self.ancestors))
+
     def _for_target_is_batch(self, binding: Binding) -> bool:
         iterable = binding.value
-        if not self.is_loader(iterable):
+        if not self.is_loader(iterable) or self.loader_on_device(iterable) or self.batch_placement_unknown(binding):
             return False
         # `for i, batch in enumerate(loader)`: index 0 is the counter, not data
         if isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").endswith("enumerate"):

@@ -211,6 +211,10 @@ _SYNC_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.i
 def _sync_count(check: MicroCheck, code: str, device: str, torch: Any) -> int:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+        # some sync warnings are issued once per process in C++: without warn-always a check that runs after
+        # another one reaching the same sync counted 0 (GPU075 read 0->0; alone it is 4->2)
+        warned_always = torch._C._get_warnAlways()
+        torch._C._set_warnAlways(True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -218,6 +222,7 @@ def _sync_count(check: MicroCheck, code: str, device: str, torch: Any) -> int:
                 _run_snippet(check, code, device, 0, torch)
             finally:
                 torch.cuda.set_sync_debug_mode(0)
+                torch._C._set_warnAlways(warned_always)
         return sum("synchroniz" in str(w.message) for w in caught)
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -5,7 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, HotKind, call_arg, child_nodes, dotted_name, method_name, walk
+from gpulint.analysis import (BindingKind, HotKind, call_arg, child_nodes, dotted_name, every_n_steps, method_name,
+                              walk)
 from gpulint.rule import RuleContext
 from gpulint.semantic.placement import (
     HOST,
@@ -91,6 +92,7 @@ _STEPS = ("losses = []\nfor _ in range(50):\n    loss = (model(x) - y).square().
           "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    losses.append({read})\n"
           "{after}out = torch.tensor(losses)")
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log"}
+_CONVERTING_LOGGERS = re.compile(r"^(fabric|wandb)$")
 
 
 class HostSyncInHotLoop(Rule):
@@ -313,6 +315,42 @@ class HostSyncInHotLoop(Rule):
                 loss = criterion(model(x.to(device) * scale), y.to(device))
                 loss.backward()
                 optimizer.step()
+            """
+        ),
+        Invalid(  # a Fabric loop: the loss is proven a tensor by `fabric.backward(...)`, the batches come from a
+            # loader the script set up for the device, and a log interval of 1 is every step
+            """
+            import lightning as L
+            import torch
+            log_interval = 1
+            def train(fabric, model, optimizer, train_dataloader):
+                for iter_num, train_data in enumerate(train_dataloader):
+                    loss = compute_loss(model, train_data)
+                    fabric.backward(loss / 4)
+                    optimizer.step()
+                    if iter_num % log_interval == 0:
+                        fabric.log_dict({"train_loss": loss, "iter": iter_num})
+                        fabric.print(f"loss {loss.item():.4f}")
+            fabric = L.Fabric(accelerator="cuda", precision="bf16-mixed")
+            train(fabric, model, optimizer, fabric.setup_dataloaders(loader))
+            """,
+            count=2,
+        ),
+        Valid(  # the same loop logging every 100 steps
+            """
+            import lightning as L
+            import torch
+            log_interval = 100
+            def train(fabric, model, optimizer, train_dataloader):
+                for iter_num, train_data in enumerate(train_dataloader):
+                    loss = compute_loss(model, train_data)
+                    fabric.backward(loss / 4)
+                    optimizer.step()
+                    if iter_num % log_interval == 0:
+                        fabric.log_dict({"train_loss": loss, "iter": iter_num})
+                        fabric.print(f"loss {loss.item():.4f}")
+            fabric = L.Fabric(accelerator="cuda", precision="bf16-mixed")
+            train(fabric, model, optimizer, fabric.setup_dataloaders(loader))
             """
         ),
         Invalid(  # an action sampled from a distribution over a network's output, read back every move
@@ -560,6 +598,14 @@ class HostSyncInHotLoop(Rule):
             elif name in _LOG_METHODS and _LOG_RECEIVERS.match(last_name(func.value) or ""):
                 candidates.extend((a.value, a.value, "logging a tensor") for a in node.args[1:]  # type: ignore[misc]
                                   if not a.star)
+            elif name in ("log_dict", "log") and _CONVERTING_LOGGERS.match(last_name(func.value) or ""):
+                # `fabric.log_dict({"loss": loss})`, `wandb.log({"loss": loss})`: the logger reads each tensor
+                # value with `.item()` right away (Lightning's own `self.log` defers it: not matched)
+                for arg in node.args:
+                    values = [e.value for e in arg.value.elements if isinstance(e, cst.DictElement)] \
+                        if isinstance(arg.value, cst.Dict) else [arg.value] if arg.keyword is None and name == "log" \
+                        and arg is not node.args[0] else []
+                    candidates.extend((value, value, "logging a tensor") for value in values)  # type: ignore[misc]
             elif name in ("add_scalar",):
                 value = call_arg(node, "scalar_value", 1)
                 if value is not None:
@@ -807,19 +853,13 @@ def _conflicting_refs(ctx: RuleContext, loop: cst.CSTNode, root: str, key: cst.B
             if not any(b is amortised_if for b in blocks):
                 blocks.append(amortised_if)
             continue
-        if isinstance(node, cst.If) and amortised_if is None and _every_n(node.test):
+        if isinstance(node, cst.If) and amortised_if is None and every_n_steps(ctx.analysis, node.test):
             for child in child_nodes(node):
                 stack.append((child, node if child is node.body else None, node))
             continue
         for child in child_nodes(node):
             stack.append((child, amortised_if, node))
     return blocks
-
-
-def _every_n(test: cst.BaseExpression) -> bool:
-    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
-               and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
-               for n in walk(test))
 
 
 def _leaves_early(loop: cst.For | cst.While) -> bool:

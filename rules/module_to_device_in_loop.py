@@ -6,7 +6,8 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.rule import ImportRequest
-from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
+from gpulint.analysis import (BindingKind, FileAnalysis, call_arg, child_nodes, dotted_name, every_n_steps, method_name,
+                              walk)
 from gpulint.semantic.callgraph import Frequency
 from gpulint.semantic.placement import DEVICE, HOST, TENSOR, Placement, amortised
 
@@ -429,7 +430,8 @@ class ModuleToDeviceInLoop(Rule):
     def _moves_both_ways(self, region: cst.CSTNode, receiver: str) -> bool:
         placement = Placement(self.ctx)
         seen: set[str] = set()
-        for node in _walk_skipping_amortised(region, into_functions=isinstance(region, cst.ClassDef)):
+        for node in _walk_skipping_amortised(self.ctx.analysis, region,
+                                             into_functions=isinstance(region, cst.ClassDef)):
             if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
                 continue
             name = method_name(node)
@@ -521,7 +523,8 @@ def _fresh_module(node: cst.BaseExpression) -> bool:
     return last[:1].isupper()
 
 
-def _walk_skipping_amortised(root: cst.CSTNode, into_functions: bool = False):  # noqa: ANN201 - iterator of nodes
+def _walk_skipping_amortised(analysis: FileAnalysis, root: cst.CSTNode,
+                             into_functions: bool = False):  # noqa: ANN201 - iterator of nodes
     """Nodes under `root`, leaving out the bodies of `if step % N == 0:` blocks (checkpointing every N steps);
     nested functions only with `into_functions` (the methods of a class)."""
     stack: list[cst.CSTNode] = [root]
@@ -532,8 +535,7 @@ def _walk_skipping_amortised(root: cst.CSTNode, into_functions: bool = False):  
         if current is not root and isinstance(current, cst.FunctionDef) and not into_functions:
             continue
         yield current
-        if isinstance(current, cst.If) and any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
-                                               for n in walk(current.test)):
+        if isinstance(current, cst.If) and every_n_steps(analysis, current.test):
             stack.extend(reversed([c for c in child_nodes(current) if c is not current.body]))
             continue
         stack.extend(reversed(child_nodes(current)))

@@ -199,16 +199,55 @@ def _repeats(loop: ast.AST) -> bool:
     return isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNTING_ITERABLES
 
 
-def _throttling(test: ast.expr) -> bool:
+def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
+    """A test that lets its body run only now and then; `step % log_interval == 0` with `log_interval = 1` (a
+    module constant or an argparse default) runs every step."""
+    every = set()
+    has_modulo = False
+    for node in ast.walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            divisor = node.right
+            key = divisor.id if isinstance(divisor, ast.Name) else divisor.attr if isinstance(
+                divisor, ast.Attribute) else None
+            value = divisor.value if isinstance(divisor, ast.Constant) and type(divisor.value) is int else \
+                constants.get(key) if key is not None else None
+            if vocab.every_step(value):
+                every.add(key)
+            else:
+                has_modulo = True
     names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
-    has_modulo = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
-    return vocab.throttles(names, has_modulo)
+    return vocab.throttles(names - every, has_modulo)
+
+
+def _integer_constants(tree: ast.Module) -> dict[str, int]:
+    """Integers a file fixes by name: module-level `log_interval = 1`, `parser.add_argument("--policy-delay",
+    default=2)` (read as `policy_delay`); a name assigned twice is not a constant."""
+    found: dict[str, int] = {}
+    assigned: set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Name):
+            name = statement.targets[0].id
+            value = statement.value
+            if name in assigned:
+                found.pop(name, None)
+            elif isinstance(value, ast.Constant) and type(value.value) is int:
+                found[name] = value.value
+            assigned.add(name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if isinstance(default, ast.Constant) and type(default.value) is int:
+                found.setdefault(node.args[0].value.lstrip("-").replace("-", "_"), default.value)
+    return found
 
 
 class _Summariser:
     def __init__(self, path: str, tree: ast.Module, module_classes: frozenset[str]) -> None:
         self.file = FileSummary(path)
+        self.constants = _integer_constants(tree)
         self.module_classes = module_classes
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
@@ -265,7 +304,7 @@ class _Summariser:
             return
         if isinstance(node, ast.If):
             self._scan_expressions([node.test], fn, loops, throttled)
-            gated = throttled or _throttling(node.test)
+            gated = throttled or _throttling(node.test, self.constants)
             # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
             self._visit_block(node.body, fn, loops, gated or bool(loops) and _leaves(node.body), owner)
             self._visit_block(node.orelse, fn, loops, gated or bool(loops) and _leaves(node.orelse), owner)

@@ -10,7 +10,7 @@ from typing import Iterable
 import libcst as cst
 
 from gpulint import Device
-from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, method_name, walk
+from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, every_n_steps, method_name, walk
 from gpulint.rule import RuleContext
 
 NONTENSOR = "nontensor"  # Python numbers, strings, NumPy arrays, containers: never a GPU sync
@@ -360,6 +360,8 @@ class Placement:
                 return TENSOR
         if self.ev._for_target_is_batch(binding):  # noqa: SLF001 - shared analysis helper
             return HOST
+        if self.ev.batch_placement_unknown(binding) or self.ev.loader_on_device(binding.value):
+            return TENSOR  # a batch, wherever Fabric or Accelerate put it
         return None
 
     def _attribute(self, node: cst.Attribute, depth: int, before: int | None) -> str | None:
@@ -611,15 +613,20 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
     assigned: dict[str, list[cst.BaseExpression]] = {}
     for node in walk(function):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "backward":
+            # `loss.backward()`, `(v_loss * c + pg - ent * e).backward()`; `fabric.backward(loss / accum)`,
+            # `accelerator.backward(loss)`: with a positional argument, the argument is the loss (or, for a
+            # tensor's own `.backward(gradient)`, a tensor too) and the receiver may be a trainer object
+            positional = [a for a in node.args if a.keyword is None and not a.star]
+            loss = positional[0].value if positional else node.func.value
+            if isinstance(loss, cst.Name):
+                backward.add(loss.value)
+            leaves: list[cst.BaseExpression] = []
+            _leaf_operands(loss, leaves)
+            proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_ONLY_USES:
             proven.add(node.func.value.value)
-            if node.func.attr.value == "backward":
-                backward.add(node.func.value.value)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
-                and node.func.attr.value == "backward":  # `(v_loss * c + pg_loss - entropy * e).backward()`
-            leaves: list[cst.BaseExpression] = []
-            _leaf_operands(node.func.value, leaves)
-            proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
         elif isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
             assigned.setdefault(node.targets[0].target.value, []).append(node.value)
     for name in backward:  # `total = p_loss + c * v_loss`: the operands of a loss are tensors too
@@ -722,9 +729,7 @@ def amortised(ctx: RuleContext) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
             return False
         if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
-            if any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
-                   and not isinstance(n.left, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
-                   for n in walk(node.test)):
+            if every_n_steps(ctx.analysis, node.test):
                 return True
             if isinstance(node.test, cst.Comparison) and any(isinstance(c.operator, cst.NotIn)
                                                               for c in node.test.comparisons):

@@ -71,4 +71,13 @@ def throttles(names: set[str], has_modulo: bool) -> bool:
     return has_modulo or any(THROTTLE_NAME.search(name) for name in names)
 
 
+# `step % N` with N at most this runs (nearly) every step: `log_interval = 1`, `--policy_delay 2`
+EVERY_STEP_MODULUS = 2
+
+
+def every_step(divisor: int | None) -> bool:
+    """Is `x % divisor == 0` true (nearly) every step? None: the divisor's value is not known."""
+    return divisor is not None and 0 < divisor <= EVERY_STEP_MODULUS
+
+
 SYNCHRONIZE_CALLS = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
