@@ -186,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["check"]:
-        return _main(argv)
+    if argv[:1] != ["check"] or _no_cache(argv):
+        return _main(argv)  # `--no-cache` neither replays nor records: no tracing of every stat and open
     # A `check` whose inputs are those of a recorded all-cached run is answered from the recording, before
     # anything heavy is imported; any other `check` is traced, and recorded if it qualifies (gpulint.cache_runs).
     from gpulint import cache_runs
@@ -207,6 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             recorder.stop()
     return code
+
+
+def _no_cache(argv: Sequence[str]) -> bool:
+    """Does this command line say `--no-cache` (or `-n`, or GPULINT_NO_CACHE)? A spelling missed here (an
+    abbreviation, `-qn`) only costs the recorder's tracing: the run itself still reads no cache."""
+    if os.environ.get("GPULINT_NO_CACHE", "") not in ("", "0"):
+        return True
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return "--no-cache" in options or "-n" in options
 
 
 def _users_error(error: Exception) -> bool:

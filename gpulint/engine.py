@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import gc
 import re
 from contextlib import contextmanager
@@ -53,6 +54,18 @@ class ProgramFacts:
         if self._frequencies is None:
             graph = CallGraph(self.sources, frozenset(self.module_classes))
             self._frequencies, self._step_names = graph.by_file(), graph.step_names()
+
+    @property
+    def has_call_graph(self) -> bool:
+        return self._frequencies is not None
+
+    def call_graph_state(self) -> tuple:
+        """What the call graph leaves for the files (small; it travels from the process that built it)."""
+        self._build_call_graph()
+        return self._frequencies, self._step_names
+
+    def set_call_graph_state(self, state: tuple) -> None:
+        self._frequencies, self._step_names = state
 
     def calls_for(self, path: str) -> ProgramCalls:
         """How often the functions of `path` run, as the program's call graph says."""
@@ -213,11 +226,9 @@ class _Dispatcher:
         self.visitors: dict[str, list[tuple[Rule, Callable]]] = {}
         self.leavers: dict[str, list[tuple[Rule, Callable]]] = {}
         for rule in rules:
-            for attr in dir(type(rule)):
-                if attr.startswith("visit_"):
-                    self.visitors.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
-                elif attr.startswith("leave_"):
-                    self.leavers.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
+            for attr in _hooks(type(rule)):
+                table = self.visitors if attr.startswith("visit_") else self.leavers
+                table.setdefault(attr[6:], []).append((rule, getattr(rule, attr)))
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.ctx.ancestors.append(node)
@@ -235,6 +246,12 @@ class _Dispatcher:
             method(node)
         except Exception as exc:  # noqa: BLE001 - surfaced as a RuleCrash naming the rule
             raise RuleCrash(rule.code, self.path, exc) from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _hooks(rule: type[Rule]) -> tuple[str, ...]:
+    """The `visit_*` / `leave_*` methods of a rule class, in `dir` order (looked up once per class, not per file)."""
+    return tuple(attr for attr in dir(rule) if attr.startswith(("visit_", "leave_")))
 
 
 def might_match(text: str, rules: Iterable[type[Rule]]) -> list[type[Rule]]:
@@ -332,7 +349,7 @@ def lint_text(
     reports = [(rule, report) for rule in instances for report in rule.reports]
     if not reports:
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
-    positions = node_positions(module)
+    positions = _Positions(module, _needed_nodes(reports, module, analysis))
     newline = newline_of(text)
     indents = _Indents(module)
     diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents, text)
@@ -363,13 +380,65 @@ def _position(positions: dict[int, tuple[int, int, int, int]], node: cst.CSTNode
     return Position(start_line, start_column + 1), Position(end_line, end_column + 1)
 
 
-def node_positions(module: cst.Module) -> dict[int, tuple[int, int, int, int]]:
+def node_positions(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None
+                   ) -> dict[int, tuple[int, int, int, int]]:
     """id(node) -> (start line, start column, end line, end column) of every node of `module`, as libcst's
     PositionProvider computes them (lines from 1, columns from 0), from one code generation. The provider
-    itself costs nearly twice as much: its wrapper walks the tree once more, and each position is an object."""
+    itself costs nearly twice as much: its wrapper walks the tree once more, and each position is an object.
+
+    With `wanted`, the code generation stops once the last of those nodes is done (a node's range is final when
+    its own code generation ends): the ranges of the nodes before it are complete, later ones are missing."""
     state = _PositionState(module.default_indent, module.default_newline)
-    module._codegen(state)
+    if wanted is not None:
+        state.waiting = {id(node) for node in wanted}
+        if not state.waiting:
+            return state.ranges
+    try:
+        module._codegen(state)
+    except _AllPlaced:
+        pass
     return state.ranges
+
+
+class _AllPlaced(Exception):
+    """Raised inside the code generation once every wanted node has its range."""
+
+
+class _Positions(dict):
+    """The ranges `_to_diagnostic` asks for: those of the nodes named up front, from a code generation that
+    stops after the last of them; a node not named (none should be) gets the full code generation."""
+
+    def __init__(self, module: cst.Module, wanted: list[cst.CSTNode]) -> None:
+        super().__init__(node_positions(module, wanted))
+        self.module = module
+        self.complete = False
+
+    def __missing__(self, key: int) -> tuple[int, int, int, int]:
+        if self.complete:
+            raise KeyError(key)
+        self.update(node_positions(self.module))
+        self.complete = True
+        return self[key]
+
+
+def _needed_nodes(reports: Sequence[tuple[Rule, Report]], module: cst.Module, analysis: FileAnalysis
+                  ) -> list[cst.CSTNode]:
+    """Every node whose position `_to_diagnostic` reads for these reports (see `_build_fix`, `_import_edit`)."""
+    needed: list[cst.CSTNode] = []
+    for _, report in reports:
+        needed.append(report.node)
+        if report.safety is None:
+            continue
+        needed.extend(old for old, _ in report.replacements)
+        if report.imports:
+            if analysis.import_nodes:
+                needed.append(analysis.import_nodes[-1])
+            else:
+                for statement in module.body:
+                    needed.append(statement)
+                    if not _is_docstring_or_future(statement):
+                        break
+    return needed
 
 
 class _PositionState(CodegenState):
@@ -383,6 +452,7 @@ class _PositionState(CodegenState):
         self.column = 0
         self.ranges: dict[int, tuple[int, int, int, int]] = {}
         self._starts: list[tuple[int, int]] = []
+        self.waiting: set[int] | None = None  # ids of the nodes still to place (None: all nodes)
 
     def add_indent_tokens(self) -> None:
         for token in self.indent_tokens:
@@ -402,7 +472,13 @@ class _PositionState(CodegenState):
 
     def after_codegen(self, node: cst.CSTNode) -> None:
         start = self._starts.pop()
-        self.ranges.setdefault(id(node), (start[0], start[1], self.line, self.column))
+        key = id(node)
+        self.ranges.setdefault(key, (start[0], start[1], self.line, self.column))
+        waiting = self.waiting
+        if waiting is not None and key in waiting:
+            waiting.discard(key)
+            if not waiting:
+                raise _AllPlaced
 
     def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
                                   end_node: cst.CSTNode | None = None) -> "_SyntacticRange":
@@ -424,6 +500,8 @@ class _SyntacticRange:
         return None
 
     def __exit__(self, *exc_info: object) -> bool:
+        if exc_info[0] is not None:
+            return False  # the code generation stopped (all wanted nodes placed): the ranges left are not needed
         state = self.state
         start = state.ranges[id(self.start_node)][:2] if self.start_node is not None else self.start
         end = state.ranges[id(self.end_node)][2:] if self.end_node is not None else (state.line, state.column)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -22,8 +23,8 @@ from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover, find_project_root
-from gpulint.engine import (ProgramFacts, RuleCrash, cyclic_gc_paused, lint_text, python_syntax_error,
-                            syntax_error_diagnostic)
+from gpulint.engine import (ProgramFacts, RuleCrash, cyclic_gc_paused, lint_text, might_match, parse,
+                            python_syntax_error, syntax_error_diagnostic)
 from gpulint.fixer import FixOutcome, fix_text
 from gpulint.program import imported_files
 from gpulint.registry import META_CODES, rule_by_code
@@ -198,7 +199,9 @@ def run(
     cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
     program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in program_files))
     remembered = cache.facts_for(program_key) if cache is not None else None
-    facts_key = remembered or digest(program.summary())
+    # The program's facts key the results cache: without a cache, or with the key remembered, the call graph is
+    # not needed here; the workers get it from a process that builds it while they parse (`_Isolated`).
+    facts_key = (remembered or digest(program.summary())) if cache is not None else ""
     pending: list[_Task] = []
     for task in tasks:
         cached = cache.get(_file_key(task), content_hash(task.source.raw), facts_key, program_key) if cache else None
@@ -208,8 +211,6 @@ def run(
             reports.append(FileReport(task.shown, cached, original=task.source.text))
             if progress:
                 progress(task.shown)
-    if pending and remembered is not None:
-        program.summary()  # the call graph is built here, once, before any worker starts
     if cache is not None:
         cache.remember_facts(program_key, facts_key)
     errors: list[str] = []
@@ -266,8 +267,9 @@ def _init_worker(program: ProgramFacts, settings: _Settings) -> None:
     _WORKER["program"], _WORKER["settings"] = program, settings
 
 
-def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settings | None = None
-             ) -> tuple[_Task, FileReport | str, bool]:
+def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settings | None = None,
+             module: Any = None) -> tuple[_Task, FileReport | str, bool]:
+    """Lint (or fix) one file; `module` is its syntax tree when a worker parsed it ahead (`_preparse`)."""
     program = program or _WORKER["program"]
     settings = settings or _WORKER["settings"]
     program.searched = False
@@ -275,7 +277,7 @@ def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settin
     try:
         with cyclic_gc_paused():  # also over the fixer's codegen and re-lints
             report = _run_file(task.shown, task.source, rules, program, settings.fix, settings.min_safety,
-                               task.options, settings.can_fix)
+                               task.options, settings.can_fix, module)
     except RuleCrash as crash:
         return task, str(crash), False
     except RecursionError:
@@ -313,6 +315,7 @@ def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Setti
         for task in tasks:
             yield _execute(task, program, settings)
         return
+    program.call_graph_state()  # the call graph is built here, once, before the pool's workers start
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     done: set[int] = set()
     try:
@@ -412,13 +415,7 @@ class _Worker:
             try:
                 os.close(task_write)
                 os.close(result_read)
-                for fd in pool.parent_fds:  # siblings' pipe ends: a child must not keep them open
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-                die_with_parent()
+                _child_setup(pool.parent_fds)
                 if os.getppid() == parent:
                     _worker_loop(task_read, result_write, pool.tasks, pool.program, pool.settings)
             except BaseException:  # noqa: BLE001 - a child never unwinds into the parent's code
@@ -433,27 +430,88 @@ class _Worker:
         self.current: int | None = None
         self.started = 0.0
         self.buffer = bytearray()
+        self.has_graph = pool.graph is None  # no graph being built: it is in this process already (inherited)
+        self.parsed: list[int] = []  # files this worker parsed ahead, waiting for the call graph
+        self.parse_time: dict[int, float] = {}  # seconds each of them took (counted against the time limit)
         pool.parent_fds.update((task_write, result_read))
+
+
+def _child_setup(parent_fds: set[int]) -> None:
+    """First steps of a forked child of `_Isolated` (a worker or the call-graph builder)."""
+    for fd in parent_fds:  # siblings' pipe ends: a child must not keep them open
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    die_with_parent()
+    gc.freeze()  # what the parent built (modules, sources, the call graph) is never scanned here: a full
+    # collection over it cost about 0.12 s per worker on pytorch/examples, and would copy its pages
+
+
+# Task words, parent to worker (4 bytes): a file's index (lint it), the index with _PARSE_AHEAD set (parse it and
+# keep the tree: the call graph is not there yet), or _GRAPH followed by a frame holding the call graph.
+_PARSE_AHEAD = 1 << 31
+_GRAPH = (1 << 32) - 1
+_PARSE_AHEAD_TEXT = 1 << 20  # characters of source a worker parses ahead at most (its trees: about 30x that)
 
 
 def _worker_loop(task_fd: int, result_fd: int, tasks: Sequence[_Task], program: ProgramFacts,
                  settings: _Settings) -> None:
+    parsed: dict[int, Any] = {}  # index -> syntax tree parsed ahead
     while True:
         header = _read_exactly(task_fd, 4)
         if header is None:  # the parent closed the pipe (done) or died
             return
-        index = int.from_bytes(header, "big")
-        _, outcome, searched = _execute(tasks[index], program, settings)
+        word = int.from_bytes(header, "big")
+        if word == _GRAPH:
+            size = _read_exactly(task_fd, _FRAME)
+            data = _read_exactly(task_fd, int.from_bytes(size, "big")) if size is not None else None
+            if data is None:
+                return
+            program.set_call_graph_state(pickle.loads(data))
+            continue
+        if word & _PARSE_AHEAD:
+            index = word & ~_PARSE_AHEAD
+            tree = _preparse(tasks[index])
+            if tree is not None:
+                gc.disable()  # a tree kept between files is millions of objects: no collector passes over them
+                parsed[index] = tree
+            _send(result_fd, ("parsed", index))
+            continue
+        index = word
+        _, outcome, searched = _execute(tasks[index], program, settings, parsed.pop(index, None))
+        if not parsed:
+            gc.enable()
         try:
             payload = pickle.dumps((index, outcome, searched), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
             payload = pickle.dumps((index, f"{tasks[index].shown}: internal error: result cannot be sent "
                                            f"({type(error).__name__})", False))
-        data = len(payload).to_bytes(_FRAME, "big") + payload
-        view = memoryview(data)
-        while view:
-            written = os.write(result_fd, view)
-            view = view[written:]
+        _write_frame(result_fd, payload)
+
+
+def _preparse(task: _Task) -> Any:
+    """The syntax tree `lint_text` would parse for this file, or None (no rule can match it, a syntax error, a
+    file the parse guard sends elsewhere: the lint then goes its ordinary way)."""
+    rules = [rule_by_code(code) for code in task.codes]
+    if not might_match(task.source.text, rules):
+        return None
+    try:
+        with cyclic_gc_paused():
+            return parse(task.source.text)
+    except Exception:  # noqa: BLE001 - the lint parses again and reports what this was
+        return None
+
+
+def _send(fd: int, message: Any) -> None:
+    _write_frame(fd, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    view = memoryview(len(payload).to_bytes(_FRAME, "big") + payload)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
@@ -466,8 +524,77 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return data
 
 
+class _GraphBuilder:
+    """Builds the program's call graph in a forked child while the workers parse their first files (it needs
+    no parse, they need it only once parsed), and hands it over when it arrives. If the child fails, this
+    process builds the graph itself, as it did before the workers started."""
+
+    def __init__(self, pool: "_Isolated") -> None:
+        read_end, write_end = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            status = 0
+            try:
+                os.close(read_end)
+                _child_setup(pool.parent_fds)
+                if os.getppid() == parent:
+                    with cyclic_gc_paused():  # syntax trees of every file (ast): no reference cycles
+                        state = pool.program.call_graph_state()
+                    _write_frame(write_end, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            except BaseException:  # noqa: BLE001
+                status = 1
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        self.pid = pid
+        self.fd = read_end
+        self.buffer = bytearray()
+        pool.parent_fds.add(read_end)
+
+    def read(self) -> bool:
+        """Read what is there; True once the child is done (its state is then in `state()`)."""
+        try:
+            chunk = os.read(self.fd, 1 << 20)
+        except OSError:
+            chunk = b""
+        self.buffer += chunk
+        return not chunk
+
+    def state(self) -> tuple | None:
+        """The graph the child sent, or None if it failed."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            status = 1
+        if status != 0 or len(self.buffer) < _FRAME:
+            return None
+        size = int.from_bytes(self.buffer[:_FRAME], "big")
+        if len(self.buffer) != _FRAME + size:
+            return None
+        try:
+            return pickle.loads(self.buffer[_FRAME:])
+        except Exception:  # noqa: BLE001 - rebuilt here instead
+            return None
+
+    def stop(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
 class _Isolated:
-    """Runs tasks in forked workers, one file at a time per worker, handing out the next file as one is done."""
+    """Runs tasks in forked workers, one file at a time per worker, handing out the next file as one is done.
+
+    While the call graph is still being built (by `_GraphBuilder`, for a `check` whose graph was not needed
+    before), the workers are handed files to parse ahead, one at a time like the rest: a crash or the time
+    limit in that parse is that file's, as it would be in its lint. Each worker then gets the graph and lints
+    the files it parsed (the time they took counts against the limit), then the rest."""
 
     def __init__(self, tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, workers: int) -> None:
         self.tasks, self.program, self.settings = tasks, program, settings
@@ -477,6 +604,8 @@ class _Isolated:
         self.parent_fds: set[int] = set()
         self.live: list[_Worker] = []
         self.selector = selectors.DefaultSelector()
+        self.graph: _GraphBuilder | None = None
+        self.graph_frame = b""
 
     def _spawn(self) -> _Worker:
         for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
@@ -489,21 +618,78 @@ class _Isolated:
         self.selector.register(worker.results_fd, selectors.EVENT_READ, worker)
         return worker
 
+    def _start_graph(self) -> None:
+        if self.program.has_call_graph:
+            return  # built already (it keys the results cache)
+        if self.settings.fix:
+            self.program.call_graph_state()  # fixing: the fixer parses for itself, there is nothing to parse ahead
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        self.graph = _GraphBuilder(self)
+        self.selector.register(self.graph.fd, selectors.EVENT_READ, self.graph)
+
+    def _graph_done(self) -> None:
+        """The builder finished: take its graph (or build it here), then hand it to every idle worker."""
+        graph = self.graph
+        assert graph is not None
+        self.selector.unregister(graph.fd)
+        self.parent_fds.discard(graph.fd)
+        os.close(graph.fd)
+        state = graph.state()
+        self.graph = None
+        if state is not None:
+            self.program.set_call_graph_state(state)
+        else:
+            self.program.call_graph_state()
+        for worker in list(self.live):
+            if worker.current is None:
+                self._assign(worker)
+
     def _assign(self, worker: _Worker) -> bool:
-        """Give `worker` the next file; False if it is gone (its pipe broke)."""
-        if not self.queue:
+        """Give `worker` its next instruction: the call graph if it lacks it and it is there, then the next file
+        to lint (one it parsed ahead first), or, while the graph is not there, the next file to parse ahead.
+        False if the worker is gone (its pipe broke): the file goes back to the queue."""
+        now = time.monotonic()
+        words = b""
+        if not worker.has_graph and self.graph is None:
+            if not self.graph_frame:
+                data = pickle.dumps(self.program.call_graph_state(), protocol=pickle.HIGHEST_PROTOCOL)
+                self.graph_frame = _GRAPH.to_bytes(4, "big") + len(data).to_bytes(_FRAME, "big") + data
+            words = self.graph_frame
+            worker.has_graph = True
+        if worker.has_graph and worker.parsed:
+            index = worker.parsed.pop(0)
+            word, started = index, now - worker.parse_time.pop(index, 0.0)
+        elif self.queue and (worker.has_graph or sum(len(self.tasks[i].source.text) for i in worker.parsed)
+                             < _PARSE_AHEAD_TEXT):
+            index = self.queue.popleft()
+            word, started = (index, now) if worker.has_graph else (index | _PARSE_AHEAD, now)
+        else:
             worker.current = None
+            index = None
+        if index is not None:
+            worker.current, worker.started = index, started
+            words += word.to_bytes(4, "big")
+        if not words:
             return True
-        index = self.queue.popleft()
-        worker.current, worker.started = index, time.monotonic()
         try:
-            os.write(worker.tasks_fd, index.to_bytes(4, "big"))
+            view = memoryview(words)
+            while view:  # the worker waits for this (it is idle or just reported): a large graph frame cannot block
+                view = view[os.write(worker.tasks_fd, view):]
         except OSError:
-            return False  # it died between files: its EOF is handled like a crash (the file is re-queued there)
+            if worker.current is not None:
+                self.queue.appendleft(worker.current)
+            worker.current = None
+            return False  # it died between files: its EOF retires it
         return True
 
     def _retire(self, worker: _Worker, kill: bool) -> int:
-        """Close a worker's pipes and reap it; its exit status (negative: the signal that ended it)."""
+        """Close a worker's pipes and reap it; its exit status (negative: the signal that ended it). The files it
+        parsed ahead go back to the queue (a new worker parses them again)."""
         if kill:
             try:
                 os.kill(worker.pid, signal.SIGKILL)
@@ -517,6 +703,8 @@ class _Isolated:
             except OSError:
                 pass
         self.live.remove(worker)
+        self.queue.extendleft(reversed(worker.parsed))
+        worker.parsed = []
         try:
             _, status = os.waitpid(worker.pid, 0)
         except ChildProcessError:
@@ -526,6 +714,7 @@ class _Isolated:
     def results(self) -> Iterator[tuple[_Task, FileReport | str, bool]]:
         remaining = len(self.tasks)
         try:
+            self._start_graph()
             for _ in range(min(self.workers, remaining)):
                 self._assign(self._spawn())
             while remaining:
@@ -533,6 +722,10 @@ class _Isolated:
                 now = time.monotonic()
                 wait = max(0.0, min(w.started + self.limit - now for w in busy)) if busy else None
                 for key, _ in self.selector.select(wait):
+                    if isinstance(key.data, _GraphBuilder):
+                        if key.data is self.graph and key.data.read():
+                            self._graph_done()
+                        continue
                     worker: _Worker = key.data
                     if worker not in self.live:
                         continue
@@ -554,13 +747,18 @@ class _Isolated:
                         size = int.from_bytes(worker.buffer[:_FRAME], "big")
                         if len(worker.buffer) < _FRAME + size:
                             break
-                        index, outcome, searched = pickle.loads(worker.buffer[_FRAME:_FRAME + size])
+                        message = pickle.loads(worker.buffer[_FRAME:_FRAME + size])
                         del worker.buffer[:_FRAME + size]
-                        remaining -= 1
-                        yield self.tasks[index], outcome, searched
-                        if not self._assign(worker):
-                            self.queue.appendleft(worker.current)  # type: ignore[arg-type]
+                        if len(message) == 2:  # ("parsed", index): parsed ahead, kept by the worker
+                            index = message[1]
+                            worker.parse_time[index] = time.monotonic() - worker.started
+                            worker.parsed.append(index)
                             worker.current = None
+                        else:
+                            index, outcome, searched = message
+                            remaining -= 1
+                            yield self.tasks[index], outcome, searched
+                        self._assign(worker)
                 now = time.monotonic()
                 for worker in [w for w in self.live if w.current is not None and now - w.started >= self.limit]:
                     index = worker.current
@@ -575,6 +773,11 @@ class _Isolated:
                 if self.queue and not self.live:
                     self._assign(self._spawn())
         finally:
+            if self.graph is not None:
+                self.graph.stop()
+                self.selector.unregister(self.graph.fd)
+                os.close(self.graph.fd)
+                self.graph = None
             for worker in list(self.live):
                 try:
                     os.close(worker.tasks_fd)  # EOF: an idle worker exits by itself
@@ -601,10 +804,10 @@ class _Isolated:
 
 def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], program: ProgramFacts, fix: bool,
               min_safety: Safety, rule_options: dict[str, dict[str, Any]] | None,
-              can_fix: Callable[[Diagnostic], bool]) -> FileReport:
+              can_fix: Callable[[Diagnostic], bool], module: Any = None) -> FileReport:
     """Lint or fix one file; never writes (the caller writes, in the main process)."""
     if not fix:
-        result = lint_text(source.text, shown, rules, program=program, rule_options=rule_options)
+        result = lint_text(source.text, shown, rules, program=program, rule_options=rule_options, module=module)
         return FileReport(shown, result.diagnostics, original=source.text)
     outcome = fix_text(source.text, shown, rules, min_safety=min_safety, program=program,
                        rule_options=rule_options, can_fix=can_fix)
