@@ -19,7 +19,7 @@ from gpulint.semantic.callgraph import CallGraph, Frequency
 from gpulint.semantic.loaders import LoaderFlow
 
 PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
-_EXPECT = re.compile(r"#\s*(frequency|hot|feeds-training):\s*([\w-]+)")
+_EXPECT = re.compile(r"(?:#|,)\s*(frequency|hot|feeds-training|per-epoch):\s*([\w-]+)")
 
 
 def _sources(program: Path) -> dict[str, str]:
@@ -49,9 +49,9 @@ def _expectations(kind: str) -> list[tuple[Path, str, int, str]]:
     for program in PROGRAMS:
         for path, text in _sources(program).items():
             for number, line in enumerate(text.splitlines(), 1):
-                match = _EXPECT.search(line)
-                if match and match.group(1) == kind:
-                    found.append((program, path, number, match.group(2)))
+                for match in _EXPECT.finditer(line):
+                    if match.group(1) == kind:
+                        found.append((program, path, number, match.group(2)))
     return found
 
 
@@ -91,6 +91,19 @@ def test_loader_reaches_training_across_files(program: Path, path: str, line: in
                and isinstance(node.func, cst.Name) and node.func.value == "DataLoader"]
     assert loaders, f"no DataLoader call on {path}:{line}"
     assert ("yes" if flow.reaches_training(loaders[0]) else "no") == expected, f"{path}:{line}"
+
+
+@pytest.mark.parametrize("program, path, line, expected", _expectations("per-epoch"),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_loader_iterated_per_epoch_across_files(program: Path, path: str, line: int, expected: str) -> None:
+    sources = _sources(program)
+    module = cst.parse_module(sources[path])
+    flow = LoaderFlow(analyze(module, None, ProgramFacts(sources=sources).calls_for(path)))
+    positions = node_positions(module)
+    loaders = [node for node in _walk(module) if isinstance(node, cst.Call) and positions[id(node)][0] == line
+               and isinstance(node.func, cst.Name) and node.func.value == "DataLoader"]
+    assert loaders, f"no DataLoader call on {path}:{line}"
+    assert ("yes" if flow.iterated_per_epoch(loaders[0]) is not None else "no") == expected, f"{path}:{line}"
 
 
 def _walk(node: cst.CSTNode):

@@ -97,6 +97,7 @@ class FunctionSummary:
     results: dict[str, list[tuple[tuple[str, ...], int | None]]] = field(default_factory=dict)
     loop_reads: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (loop id, what it iterates)
     copies: dict[str, list[str]] = field(default_factory=dict)  # `self.loader = loader`: target -> sources
+    rebound_in_loops: set[str] = field(default_factory=set)  # result names bound inside a loop (rebuilt each pass)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class FileSummary:
     repeating_loops: set[int] = field(default_factory=set)  # ids of `while` / `for _ in range(n)` loops
     env_loops: set[int] = field(default_factory=set)  # ids of loops that step an environment or game directly
     step_loops: set[int] = field(default_factory=set)  # ids of loops that do a training step themselves
+    nested_loops: set[int] = field(default_factory=set)  # ids of loops inside another loop of their function
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -292,6 +294,8 @@ class _Summariser:
                 self.file.step_loops.add(id(node))
             if isinstance(node, (ast.For, ast.AsyncFor)):
                 fn.loop_reads.extend((id(node), source) for source in _loop_sources(node.iter))
+            if loops:
+                self.file.nested_loops.add(id(node))
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
             if _repeats(node):
@@ -327,7 +331,7 @@ class _Summariser:
             return
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
-            self._record_result(node, fn)
+            self._record_result(node, fn, bool(loops))
         elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
@@ -338,6 +342,11 @@ class _Summariser:
                           throttled: bool) -> None:
         frequency = max((f for f, _ in loops), default=Frequency.ONCE)
         loop_ids = tuple(i for _, i in loops)
+        for root in roots:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
+            for node in ast.walk(root):
+                if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+                    fn.loop_reads.extend((id(generator), source) for generator in node.generators
+                                         for source in _loop_sources(generator.iter))
         for call in _calls_outside_nested(roots, into_loops=True):  # type: ignore[arg-type]
             dotted = _dotted(call.func)
             if dotted is None:
@@ -386,20 +395,20 @@ class _Summariser:
             self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
 
     @staticmethod
-    def _record_result(node: ast.Assign | ast.AnnAssign, fn: FunctionSummary) -> None:
+    def _record_result(node: ast.Assign | ast.AnnAssign, fn: FunctionSummary, in_loop: bool) -> None:
         """`train_loader, val_loader = get_loaders(cfg)`: which names hold which element of which call."""
         dotted = _dotted(node.value.func)  # type: ignore[union-attr]
         if dotted is None:
             return
         target = _call_target(dotted)
         for bound in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-            if isinstance(bound, (ast.Tuple, ast.List)):
-                for index, element in enumerate(bound.elts):
-                    name = _dotted(element)
-                    if name is not None:
-                        fn.results.setdefault(name, []).append((target, index))
-            elif (name := _dotted(bound)) is not None:
-                fn.results.setdefault(name, []).append((target, None))
+            named = [(_dotted(element), index) for index, element in enumerate(bound.elts)] \
+                if isinstance(bound, (ast.Tuple, ast.List)) else [(_dotted(bound), None)]
+            for name, index in named:
+                if name is not None:
+                    fn.results.setdefault(name, []).append((target, index))
+                    if in_loop:
+                        fn.rebound_in_loops.add(name)
 
     def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
         value = node.value
@@ -483,7 +492,6 @@ class CallGraph:
         self._passed_in = self._functions_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions were known
         self._propagate()
-        self._feeding = self._names_feeding_training()
 
     # -- resolution ------------------------------------------------------------------------------
 
@@ -833,34 +841,75 @@ class CallGraph:
         """(path, function key, name) of the names whose value a training-step loop iterates: directly
         (`for x, y in train_loader:`), through a parameter of a function that does (`train(model, loader)`, in
         any file), or through an attribute that another method of the class iterates (`self.loader = loader`)."""
-        feeding: set[tuple[str, str, str]] = set()
+        seeds = {(path, fn.key, source[1]) for path, summary in self.files.items()
+                 for fn in summary.functions.values() for loop, source in fn.loop_reads
+                 if source[0] == "value" and self._is_training_loop(path, fn, loop)}
+        return self._through_calls(seeds)[0]
+
+    def _names_iterated_repeatedly(self) -> set[tuple[str, str, str]]:
+        """(path, function key, name) of the names whose one value is iterated again and again (once per epoch):
+        by a loop nested in another loop, by a function called in a loop with the same object (`for epoch in
+        ...: evaluate(model, val_loader)`), or, for a module-level loader, by a function the program repeats
+        (`def train(epoch): for b in train_loader`). A loader built anew on each pass is not."""
+        once = {(path, fn.key, source[1]) for path, summary in self.files.items()
+                for fn in summary.functions.values() for loop, source in fn.loop_reads if source[0] == "value"}
+        repeated = {(path, fn.key, source[1]) for path, summary in self.files.items()
+                    for fn in summary.functions.values() for loop, source in fn.loop_reads
+                    if source[0] == "value" and loop in summary.nested_loops and source[1] not in fn.rebound_in_loops}
+        # an attribute iterated by a method the program repeats (`self.loader` in `train_epoch`) persists
+        repeated |= {(path, fn.key, source[1]) for path, summary in self.files.items()
+                     for fn in summary.functions.values() for loop, source in fn.loop_reads
+                     if source[0] == "value" and source[1].startswith("self.") and source[1] not in fn.results
+                     and self.frequency.get((path, fn.key), Frequency.ONCE) >= Frequency.PER_ITERATION}
+        once, repeated = self._through_calls(once, repeated)
+        for path, summary in self.files.items():
+            module = summary.functions["<module>"]
+            for name in module.results.keys() | module.copies.keys():
+                if any((path, fn.key, name) in once and self.frequency.get((path, fn.key), Frequency.ONCE)
+                       >= Frequency.PER_ITERATION for fn in summary.functions.values()
+                       if name not in fn.params and name not in fn.results and name not in fn.copies):
+                    repeated.add((path, "<module>", name))
+        return repeated
+
+    def _through_calls(self, feeding: set[tuple[str, str, str]], repeated: set[tuple[str, str, str]] | None = None
+                       ) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
+        """Grow `feeding` to the callers' names passed to its parameters and to the names copied into it, to a
+        fixed point; with `repeated`, also grow that set: a name passed from inside a loop (and not rebuilt
+        there) to a parameter in `feeding`, or passed to one in `repeated`."""
+        feeding, repeated = set(feeding), set(repeated or ())
         every = [(path, summary, fn) for path, summary in self.files.items() for fn in summary.functions.values()]
-        for path, _, fn in every:
-            for loop, source in fn.loop_reads:
-                if source[0] == "value" and self._is_training_loop(path, fn, loop):
-                    feeding.add((path, fn.key, source[1]))
         for _ in range(MAX_DEPTH):
-            grown = set()
+            grown, grown_repeated = set(), set()
             for path, summary, fn in every:
                 for site in fn.sites:
                     for slot, name in site.passed:
-                        if (path, fn.key, name) not in feeding and any(
-                                (*callee, self._parameter(callee, slot)) in feeding
-                                for callee in self.resolve(path, fn, site.target)):
+                        callees = [(*callee, self._parameter(callee, slot))
+                                   for callee in self.resolve(path, fn, site.target)]
+                        if (path, fn.key, name) not in feeding and any(c in feeding for c in callees):
                             grown.add((path, fn.key, name))
+                        if (path, fn.key, name) not in repeated and any(
+                                c in repeated or c in feeding and site.loops and name not in fn.rebound_in_loops
+                                for c in callees):
+                            grown_repeated.add((path, fn.key, name))
                 for target, sources in fn.copies.items():
                     if self._feeds(path, summary, fn, target, feeding):
                         grown |= {(path, fn.key, source) for source in sources} - feeding
-            if not grown:
+                    if self._feeds(path, summary, fn, target, repeated):
+                        grown_repeated |= {(path, fn.key, source) for source in sources} - repeated
+            if not grown and not grown_repeated:
                 break
             feeding |= grown
-        return feeding
+            repeated |= grown_repeated
+        return feeding, repeated
 
     @staticmethod
     def _feeds(path: str, summary: FileSummary, fn: FunctionSummary, name: str,
                feeding: set[tuple[str, str, str]]) -> bool:
         if (path, fn.key, name) in feeding:
             return True
+        if fn.key == "<module>":  # a global that a function of the file reads (`def train(epoch): for b in loader`)
+            return any((path, other.key, name) in feeding for other in summary.functions.values()
+                       if name not in other.params and name not in other.results and name not in other.copies)
         return name.startswith("self.") and fn.class_name is not None and any(
             (path, other.key, name) in feeding for other in summary.functions.values()
             if other.class_name == fn.class_name)
@@ -868,25 +917,32 @@ class CallGraph:
     def _loader_markers(self) -> dict[str, set[str]]:
         """path -> markers for the per-file loader flow: `<key>#returns-training-data` (or `...-data<n>` for
         element n of a returned tuple) when what the function returns is iterated by a training loop somewhere
-        in the program, and `<key>#passes-training-data:<callee>:<slot>` when the function passes a value to a
-        parameter that is."""
+        in the program (`#returns-epoch-data...` when that loop runs once per epoch), and
+        `<key>#passes-training-data:<callee>:<slot>` (`#passes-epoch-data:...`) when the function passes a value
+        to a parameter that is."""
         markers: dict[str, set[str]] = {}
-        for path, summary in self.files.items():
-            for fn in summary.functions.values():
-                returned = [calls for name, calls in fn.results.items()
-                            if self._feeds(path, summary, fn, name, self._feeding)]
-                returned.append([(source[1:], None) for loop, source in fn.loop_reads
-                                 if source[0] == "call" and self._is_training_loop(path, fn, loop)])
-                for target, index in (pair for calls in returned for pair in calls):
-                    for callee_path, callee_key in self.resolve(path, fn, target):
-                        markers.setdefault(callee_path, set()).add(
-                            f"{callee_key}#returns-training-data{'' if index is None else index}")
-                for site in fn.sites:
-                    for slot, name in site.passed:
-                        if any((*callee, self._parameter(callee, slot)) in self._feeding
-                               for callee in self.resolve(path, fn, site.target)):
-                            markers.setdefault(path, set()).add(
-                                f"{fn.key}#passes-training-data:{site.target[-1]}:{slot}")
+        for kind, feeding in (("training", self._names_feeding_training()),
+                              ("epoch", self._names_iterated_repeatedly())):
+            for path, summary in self.files.items():
+                for fn in summary.functions.values():
+                    # (a loader built again on every pass, `for b in make_loader(ds)` or rebound in the loop, is not
+                    # the same loader re-iterated: no epoch marker)
+                    returned = [calls for name, calls in fn.results.items()
+                                if self._feeds(path, summary, fn, name, feeding)
+                                and not (kind == "epoch" and name in fn.rebound_in_loops)]
+                    if kind == "training":
+                        returned.append([(source[1:], None) for loop, source in fn.loop_reads
+                                         if source[0] == "call" and self._is_training_loop(path, fn, loop)])
+                    for target, index in (pair for calls in returned for pair in calls):
+                        for callee_path, callee_key in self.resolve(path, fn, target):
+                            markers.setdefault(callee_path, set()).add(
+                                f"{callee_key}#returns-{kind}-data{'' if index is None else index}")
+                    for site in fn.sites:
+                        for slot, name in site.passed:
+                            if any((*callee, self._parameter(callee, slot)) in feeding
+                                   for callee in self.resolve(path, fn, site.target)):
+                                markers.setdefault(path, set()).add(
+                                    f"{fn.key}#passes-{kind}-data:{site.target[-1]}:{slot}")
         return markers
 
     def by_file(self) -> dict[str, dict[str, Frequency]]:

@@ -80,6 +80,7 @@ class _Carriers:
     direct_loops: list[cst.CSTNode] = field(default_factory=list)  # `for b in DataLoader(...)`
     lightning_train: bool = False  # returned from `train_dataloader()`
     fed_elsewhere: bool = False  # returned to, or passed into, a training loop of another function or file
+    fed_per_epoch: bool = False  # returned to, or passed into, code elsewhere that iterates it again and again
     added: list[tuple] = field(default_factory=list)  # every key above, in the order it was found (a work list)
 
     def add_name(self, scope: int, name: str) -> bool:
@@ -379,17 +380,21 @@ class LoaderFlow(PerFileFacts):
     def _returned(self, statement: cst.Return, index: int | None, carriers: _Carriers) -> None:
         """The loader is returned (alone, or as element `index` of a tuple): a training loop of the program
         iterates what the function returns (`train_loader, val_loader = get_loaders(cfg)` in another file)."""
-        if self._program_says(statement, "#returns-training-data") or (
-                index is not None and self._program_says(statement, f"#returns-training-data{index}")):
-            carriers.fed_elsewhere = True
+        for kind in ("training", "epoch"):
+            if self._program_says(statement, f"#returns-{kind}-data") or (
+                    index is not None and self._program_says(statement, f"#returns-{kind}-data{index}")):
+                carriers.fed_elsewhere |= kind == "training"
+                carriers.fed_per_epoch |= kind == "epoch"
 
     def _into_call(self, call: cst.Call, arg: cst.Arg, carriers: _Carriers) -> bool:
         called = _called_name(call)
         if called is not None and not arg.star:
             slot = arg.keyword.value if arg.keyword is not None else [
                 a for a in call.args if a.keyword is None].index(arg)
-            if self._program_says(call, f"#passes-training-data:{called}:{slot}"):
-                carriers.fed_elsewhere = True  # `train(model, loader)`: a training loop in another file
+            for kind in ("training", "epoch"):  # `train(model, loader)`: a (training) loop in another file
+                if self._program_says(call, f"#passes-{kind}-data:{called}:{slot}"):
+                    carriers.fed_elsewhere |= kind == "training"
+                    carriers.fed_per_epoch |= kind == "epoch"
         changed = False
         for fn, param in self._params_for(call, arg):
             changed |= carriers.add_name(id(fn), param)
@@ -448,8 +453,11 @@ class LoaderFlow(PerFileFacts):
         return any(self.in_training(site) for site in self.next_calls(carriers))
 
     def iterated_per_epoch(self, call: cst.Call) -> cst.CSTNode | None:
-        """The outer (epoch) loop around an iteration of this loader, if there is one."""
+        """The outer (epoch) loop around an iteration of this loader, if there is one; for a loader iterated
+        once per epoch in another function or file, the scope that builds it (nothing there re-builds it)."""
         carriers = self.carriers(call)
+        if carriers.fed_per_epoch:
+            return self.enclosing_function(call) or self.a.module
         for loop in self.iterating_loops(carriers):
             outer = self._outer_loop(loop)
             if outer is not None:
