@@ -70,7 +70,7 @@ class CudnnBenchmark(Rule):
     safety = Safety.SUGGEST
     priority = "P3"
     default_enabled = False
-    triggers = ("Conv", "models", "cudnn")
+    triggers = ("Conv", "models", "cudnn", "backward")  # the network may be built in another file
     examples = [
         Valid(
             """

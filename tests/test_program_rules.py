@@ -135,3 +135,14 @@ def test_a_module_imported_by_a_cuda_script_is_in_a_cuda_program(tmp_path: Path)
         "for x, y in make_loader(ds):\n    model(x.cuda(non_blocking=True)).sum().backward()\n")
     result = run([str(tmp_path)], [rule_by_code("GPU010")], jobs=1)
     assert [(Path(d.path).name, d.code) for d in result.diagnostics] == [("data.py", "GPU010")]
+
+
+def test_cudnn_benchmark_is_reported_where_the_loop_is_when_the_conv_net_is_built_elsewhere(tmp_path: Path):
+    """GPU033: the training file names neither `Conv` nor `models`; the network comes from a helper module."""
+    (tmp_path / "nets.py").write_text("import torch.nn as nn\n\n\ndef build():\n"
+                                      "    return nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.Conv2d(64, 64, 3))\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom nets import build\n\nnet = build().cuda()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n    net(x.cuda()).sum().backward()\n    opt.step()\n")
+    result = run([str(tmp_path)], [rule_by_code("GPU033")], jobs=1)
+    assert [(Path(d.path).name, d.line) for d in result.diagnostics] == [("train.py", 6)]
