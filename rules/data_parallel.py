@@ -301,9 +301,11 @@ class DataParallel(Rule):
             return False
         info = a.enclosing_class(ancestors)
         if info is not None and info.is_module:
-            # `data_parallel(self.main, x, ...)` in a module's forward: trained wherever the module is
+            # `data_parallel(self.main, x, ...)` in a module's forward, `self.encoder = DataParallel(Encoder())` in
+            # its `__init__`: trained wherever the module is, in this file or another file of the program
             return not _trains_here(a, a.module) and not any(
-                _trains_here(a, f) for f in walk(a.module, into_functions=True) if isinstance(f, cst.FunctionDef))
+                _trains_here(a, f) for f in walk(a.module, into_functions=True) if isinstance(f, cst.FunctionDef)) \
+                and not any(_TRAINS.search(text) for text in related_texts(self.ctx).values())
         target = self._target(ancestors)
         if target is None:
             return True

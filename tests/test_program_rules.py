@@ -146,3 +146,20 @@ def test_cudnn_benchmark_is_reported_where_the_loop_is_when_the_conv_net_is_buil
         "for x, y in loader:\n    net(x.cuda()).sum().backward()\n    opt.step()\n")
     result = run([str(tmp_path)], [rule_by_code("GPU033")], jobs=1)
     assert [(Path(d.path).name, d.line) for d in result.diagnostics] == [("train.py", 6)]
+
+
+def test_data_parallel_inside_a_module_is_reported_when_another_file_trains_it(tmp_path: Path):
+    """GPU060: `self.body = nn.DataParallel(Body())` in a model's `__init__`; the training loop is elsewhere."""
+    (tmp_path / "models.py").write_text(
+        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.body = nn.DataParallel(nn.Linear(512, 512))\n\n    def forward(self, x):\n"
+        "        return self.body(x)\n")
+    (tmp_path / "infer.py").write_text("import torch\nfrom models import Net\n\nnet = Net().cuda().eval()\n"
+                                       "with torch.no_grad():\n    print(net(torch.randn(8, 512).cuda()))\n")
+    rule = rule_by_code("GPU060")
+    assert run([str(tmp_path)], [rule], jobs=1).diagnostics == []  # only used for inference
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom models import Net\n\nnet = Net().cuda()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in loader:\n    net(x.cuda()).sum().backward()\n    opt.step()\n")
+    found = run([str(tmp_path)], [rule], jobs=1).diagnostics
+    assert [(Path(d.path).name, d.line) for d in found] == [("models.py", 7)]
