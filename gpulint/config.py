@@ -406,12 +406,21 @@ def path_matches(pattern: str, path: Path, base: Path, below: Path | None = None
     name); one with `/` is anchored at `base` and also matches everything below a matching folder. With
     `below` (the folder named on the command line), only components under it count: a folder you name is
     walked even if its own name is excluded, as in ruff."""
+    clean = _clean_pattern(pattern)
+    if not clean:
+        return False
+    return _matches_at(clean, path, *_pieces(path, base, below))
+
+
+def _clean_pattern(pattern: str) -> str:
     pattern = pattern.strip()
     if pattern.startswith("./"):
         pattern = pattern[2:]
-    clean = pattern.strip("/")
-    if not clean:
-        return False
+    return pattern.strip("/")
+
+
+def _pieces(path: Path, base: Path, below: Path | None) -> tuple[tuple[str, ...] | None, int]:
+    """`path`'s components below `base` (None if it is not below it), and how many of them `below` covers."""
     resolved_base = _resolved(base)
     try:
         pieces = _resolved(path).relative_to(resolved_base).parts
@@ -423,6 +432,10 @@ def path_matches(pattern: str, path: Path, base: Path, below: Path | None = None
             start = len(_resolved(below).relative_to(resolved_base).parts)
         except ValueError:
             start = 0
+    return pieces, start
+
+
+def _matches_at(clean: str, path: Path, pieces: tuple[str, ...] | None, start: int) -> bool:
     regex = _glob_regex(clean)
     if "/" not in clean:
         names = pieces[start:] if pieces is not None else (path.name,)
@@ -498,7 +511,18 @@ class Settings:
         return safety
 
     def is_excluded(self, path: Path, below: Path | None = None) -> bool:
-        return any(path_matches(pattern, path, base, below) for base, pattern in self.excludes)
+        """`path_matches` for every exclude pattern, with the path's components found once per base folder."""
+        pieces: dict[Path, tuple[tuple[str, ...] | None, int]] = {}
+        for base, pattern in self.excludes:
+            clean = _clean_pattern(pattern)
+            if not clean:
+                continue
+            found = pieces.get(base)
+            if found is None:
+                found = pieces[base] = _pieces(path, base, below)
+            if _matches_at(clean, path, *found):
+                return True
+        return False
 
     def walk_excludes(self) -> tuple[str, ...]:
         """Name-only patterns, pruned while walking; the anchored ones are checked per file."""

@@ -212,10 +212,11 @@ def related_targets_cuda(ctx) -> bool:
     return cached
 
 
-def imported_files(path: Path, text: str, root: Path) -> list[Path]:
+def imported_files(path: Path, text: str, root: Path, *, resolved: bool = False) -> list[Path]:
     """First-party modules `path` imports that exist on disk: `import a.b` / `from a.b import c` resolved from
-    the file's folder and each folder above it up to `root`, relative imports from its package."""
-    here = path.resolve().parent
+    the file's folder and each folder above it up to `root`, relative imports from its package. `resolved`:
+    `path` is resolved already."""
+    here = (path if resolved else path.resolve()).parent
     bases = tuple([here, *[p for p in here.parents if p == root or root in p.parents]])
     found: list[Path] = []
     for level, module, names in _graph_facts(text).imports:

@@ -96,17 +96,20 @@ def _imported_context(sources: Sequence[tuple[str, SourceFile]]) -> list[tuple[s
     """First-party modules the run's files import (transitively) that the run does not lint: read, not linted,
     so that `gpulint check train.py` (or a pre-commit hook given only the changed files) sees the same program
     as `gpulint check .`: TF32 set in an imported config module, the network defined in `models.py`."""
-    seen = {str(source.path.resolve()) for _, source in sources}
+    frontier = [(source.path.resolve(), source) for _, source in sources]
+    seen = {str(real) for real, _ in frontier}
     roots: dict[Path, Path] = {}
     context: list[tuple[str, SourceFile]] = []
-    frontier = list(sources)
     for _ in range(_CONTEXT_DEPTH):
-        following: list[tuple[str, SourceFile]] = []
-        for _, source in frontier:
-            folder = source.path.resolve().parent
-            root = roots.setdefault(folder, find_project_root(folder))
-            for found in imported_files(source.path, source.text, root):
-                key = str(found.resolve())
+        following: list[tuple[Path, SourceFile]] = []
+        shown: list[str] = []
+        for real, source in frontier:
+            root = roots.get(real.parent)
+            if root is None:
+                root = roots[real.parent] = find_project_root(real.parent)
+            for found in imported_files(real, source.text, root, resolved=True):
+                found_real = found.resolve()
+                key = str(found_real)
                 if key in seen or len(context) >= _CONTEXT_LIMIT:
                     continue
                 seen.add(key)
@@ -116,8 +119,9 @@ def _imported_context(sources: Sequence[tuple[str, SourceFile]]) -> list[tuple[s
                     continue  # context only: a file the run cannot read is simply not consulted
                 if _size_problem(read.raw) is not None:
                     continue
-                following.append((display_path(found), read))
-        context.extend(following)
+                following.append((found_real, read))
+                shown.append(display_path(found))
+        context.extend(zip(shown, (read for _, read in following)))
         frontier = following
     return context
 
@@ -287,11 +291,13 @@ def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settin
     return task, report, program.searched
 
 
-def _worker_count(jobs: int | None, pending: int, settings: _Settings, forked: bool = False) -> int:
+def _worker_count(jobs: int | None, tasks: Sequence[_Task], settings: _Settings, forked: bool = False) -> int:
     if jobs is not None:
         return max(1, jobs)
-    if os.environ.get("PRE_COMMIT") or pending < _PARALLEL_THRESHOLD:
+    if os.environ.get("PRE_COMMIT"):
         return 1  # pre-commit already runs hooks in parallel: no nested pools
+    if len(tasks) < 2 or sum(len(task.source.text) for task in tasks) < _PARALLEL_TEXT:
+        return 1  # a second worker would repeat the program-level work (indexes, searches) for little gain
     if not forked:
         try:
             pickle.dumps(settings)
@@ -300,14 +306,16 @@ def _worker_count(jobs: int | None, pending: int, settings: _Settings, forked: b
     return min(os.cpu_count() or 1, 8)
 
 
-_PARALLEL_THRESHOLD = 40
+# Characters of source to check below which one worker is used: about a second of work (8-13 ms per KB on
+# pytorch/examples and alpha_zero). A 3-file, 35 KB program took 0.98 s of CPU with two workers, 0.86 s with one.
+_PARALLEL_TEXT = 96 * 1024
 
 
 def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, jobs: int | None,
                  isolate: bool = False) -> Iterator[tuple[_Task, FileReport | str, bool]]:
     if not tasks:
         return
-    workers = _worker_count(jobs, len(tasks), settings, isolate)
+    workers = _worker_count(jobs, tasks, settings, isolate)
     if isolate and _CAN_FORK and os.environ.get("GPULINT_NO_ISOLATION", "") in ("", "0"):
         yield from _Isolated(tasks, program, settings, min(workers, len(tasks))).results()
         return
@@ -481,8 +489,9 @@ def _worker_loop(task_fd: int, result_fd: int, tasks: Sequence[_Task], program: 
             continue
         index = word
         _, outcome, searched = _execute(tasks[index], program, settings, parsed.pop(index, None))
-        if not parsed:
-            gc.enable()
+        if not parsed and not gc.isenabled():
+            gc.freeze()  # what the files parsed ahead left (the program's indexes and caches) is kept to the end:
+            gc.enable()  # moved out of the collector's way, as the inherited heap was
         try:
             payload = pickle.dumps((index, outcome, searched), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
