@@ -135,6 +135,19 @@ class DataloaderNoPersistentWorkers(Rule):
                         optimizer.step()
             """
         ),
+        Valid(  # a helper whose worker count defaults to none
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def create_loader(data, batch_size=4, num_workers=0):
+                return DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=num_workers)
+            loader = create_loader(train_set)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """
+        ),
         Invalid(  # a name bound to 0 and, elsewhere, to a positive count: the workers may exist
             """
             import torch
@@ -260,14 +273,15 @@ class DataloaderNoPersistentWorkers(Rule):
                                    "where the worker count is known to be positive")
 
     def _no_workers(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        """`0`, `None`, or a name that is only ever bound to them (`num_workers = 0` ... `num_workers=num_workers`):
-        no worker processes, nothing to keep alive."""
+        """`0`, `None`, or a name that is only ever bound to them (`num_workers = 0` ... `num_workers=num_workers`),
+        a parameter whose default is one of them included (`def create_loader(..., num_workers=0)`): no worker
+        processes, nothing to keep alive."""
         if int_literal(node) == 0 or _is_none(node):
             return True
         if not isinstance(node, cst.Name) or depth > 3:
             return False
         bindings = self.ctx.analysis.bindings_of(node.value, LoaderFlow.of(self.ctx.analysis).ancestors(node))
-        return bool(bindings) and all(b.kind is BindingKind.ASSIGN and b.value is not None
+        return bool(bindings) and all(b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) and b.value is not None
                                       and self._no_workers(b.value, depth + 1) for b in bindings)
 
     def _positive(self, node: cst.BaseExpression, depth: int = 0) -> bool:

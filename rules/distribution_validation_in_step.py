@@ -7,6 +7,7 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import HotKind, call_arg
 from gpulint.builders import add_keyword
+from gpulint.semantic.placement import HOST, NONTENSOR, Placement
 
 # a program that switched validation off globally, or runs with assertions off (`python -O` turns the default off)
 _GLOBAL_OFF = re.compile(r"set_default_validate_args\(\s*False\s*\)")
@@ -113,6 +114,18 @@ class DistributionValidationInStep(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # a standard normal from Python numbers: CPU parameters, its checks read nothing back
+            """
+            import torch
+            from torch.distributions import Normal
+            actor = Actor().cuda()
+            for x, y in loader:
+                mu, sigma = actor(x.cuda())
+                z = Normal(0, 1).sample(mu.shape).to(mu.device)
+                (mu + sigma * z).pow(2).mean().backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # switched off for the whole program
             """
             import torch
@@ -169,4 +182,7 @@ class DistributionValidationInStep(Rule):
             return
         if not self.ctx.targets_cuda():
             return
+        placement = Placement(self.ctx)
+        if all(placement.of(arg.value) in (NONTENSOR, HOST) for arg in node.args):
+            return  # `Normal(0, 1)`: parameters made from Python numbers live on the CPU, checking them syncs nothing
         self.report(node, replacement=add_keyword(node, "validate_args", "False"))
