@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import libcst as cst
@@ -148,6 +150,30 @@ class DataloaderNoPersistentWorkers(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # the same helper, called with workers
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def create_loader(data, batch_size=4, num_workers=0):
+                return DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=num_workers)
+            loader = create_loader(train_set, num_workers=4)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            def create_loader(data, batch_size=4, num_workers=0):
+                return DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=num_workers, persistent_workers=num_workers > 0)
+            loader = create_loader(train_set, num_workers=4)
+            for epoch in range(10):
+                for x, y in loader:
+                    model(x.cuda()).sum().backward()
+                    optimizer.step()
+            """,
+        ),
         Invalid(  # a name bound to 0 and, elsewhere, to a positive count: the workers may exist
             """
             import torch
@@ -274,15 +300,35 @@ class DataloaderNoPersistentWorkers(Rule):
 
     def _no_workers(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """`0`, `None`, or a name that is only ever bound to them (`num_workers = 0` ... `num_workers=num_workers`),
-        a parameter whose default is one of them included (`def create_loader(..., num_workers=0)`): no worker
-        processes, nothing to keep alive."""
+        a parameter whose default is one of them included (`def create_loader(..., num_workers=0)`) when no call
+        in the program passes it another value: no worker processes, nothing to keep alive."""
         if int_literal(node) == 0 or _is_none(node):
             return True
         if not isinstance(node, cst.Name) or depth > 3:
             return False
-        bindings = self.ctx.analysis.bindings_of(node.value, LoaderFlow.of(self.ctx.analysis).ancestors(node))
+        flow = LoaderFlow.of(self.ctx.analysis)
+        bindings = self.ctx.analysis.bindings_of(node.value, flow.ancestors(node))
+        if any(b.kind is BindingKind.PARAM for b in bindings):
+            function = flow.enclosing_function(node)
+            if function is None or self._callers_pass_workers(function.name.value, node.value):
+                return False
         return bool(bindings) and all(b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) and b.value is not None
                                       and self._no_workers(b.value, depth + 1) for b in bindings)
+
+    def _callers_pass_workers(self, function: str, parameter: str) -> bool:
+        """Does some call of `function` in the program pass `parameter=` anything but 0 (`num_workers=4`,
+        `num_workers=args.workers`)? Then the worker processes may exist whatever the default says."""
+        call = re.compile(r"\b" + re.escape(function) + r"\s*\(")
+        keyword = re.compile(r"\b" + re.escape(parameter) + r"\s*=\s*([^,()\s]+)")
+        for path, match in self.ctx.program.search(call):
+            text = self.ctx.program.sources.get(path, "")
+            depth, end = 1, match.end()
+            while end < len(text) and depth:  # the call's argument text, to its closing parenthesis
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                end += 1
+            if any(value not in ("0", "None") for value in keyword.findall(text[match.end():end])):
+                return True
+        return False
 
     def _positive(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """Provably >= 1: a positive literal, `min` of positives, `max` with a positive, `cpu_count() or 1`."""
