@@ -8,6 +8,12 @@ checkout of pytorch/examples). `--peers-bin` is the bin/ folder of a virtualenv 
 found are skipped. Each tool runs `--repeat` times, in rounds (every tool once per round, so that a noisy spell
 of a shared machine falls on all of them); the table gives the median and the ratio to TorchFix. Machines are
 shared and noisy, so only ratios from one run are meaningful.
+
+`--baseline DIR` adds a cold run of another gpulint (a folder holding a `gpulint` package with its rules in
+`gpulint/rules`, e.g. an earlier version of this checkout), imported through PYTHONPATH, so that a change is
+measured before and after in the same rounds. Python's byte-code cache is allowed (PYTHONDONTWRITEBYTECODE is
+removed from the environment, as on a user's machine, where pip compiles the installed modules), and each
+gpulint command runs once before the timed rounds.
 """
 
 from __future__ import annotations
@@ -60,10 +66,11 @@ def main() -> int:
     parser.add_argument("--peers-bin", type=Path, help="bin/ of a venv with torchfix, fixit and ruff")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900, help="stop a run after this many seconds")
+    parser.add_argument("--baseline", type=Path, help="folder holding another gpulint package, timed cold too")
     args = parser.parse_args()
     corpus = args.corpus.resolve()
     files = sum(1 for _ in corpus.rglob("*.py"))
-    env = {**os.environ, "NO_COLOR": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "NO_COLOR": "1"}
 
     def peer(name: str) -> str | None:
         candidate = args.peers_bin / name if args.peers_bin else None
@@ -77,6 +84,12 @@ def main() -> int:
         ("gpulint warm", [*gpulint, "--cache-dir", str(cache)]),
         ("floor: libcst parse only, 1 process", [sys.executable, "-c", PARSE_FLOOR, str(corpus)]),
     ]
+    if args.baseline:
+        baseline = args.baseline.resolve()
+        if not (baseline / "gpulint" / "rules").is_dir():
+            parser.error(f"--baseline: {baseline} holds no gpulint package with its rules in gpulint/rules")
+        # `env` runs the command with the baseline package first on the module search path
+        tools.insert(1, ("gpulint cold, baseline", ["env", f"PYTHONPATH={baseline}", *gpulint, "--no-cache"]))
     for name, command in (("torchfix", ["torchfix", str(corpus)]),
                           ("fixit", ["fixit", "lint", str(corpus)]),
                           ("ruff --select ALL", ["ruff", "check", "--select", "ALL", "--no-cache", "--exit-zero",
@@ -86,7 +99,9 @@ def main() -> int:
             tools.append((name, [binary, *command[1:]]))
         else:
             print(f"skipping {name}: not installed", file=sys.stderr)
-    timed(tools[1][1], corpus, env)  # fill the warm cache once
+    for name, command in tools:  # gpulint's byte-code compiled, its warm cache filled, the corpus in the page cache
+        if name.startswith("gpulint"):
+            timed(command, corpus, env, args.timeout)
     # Rounds: every tool once per round, so that a noisy spell of the shared machine falls on all tools alike
     # rather than on the repetitions of one.
     runs: dict[str, list[float]] = {name: [] for name, _ in tools}

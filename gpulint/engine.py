@@ -232,20 +232,24 @@ class _Dispatcher:
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.ctx.ancestors.append(node)
-        for rule, method in self.visitors.get(type(node).__name__, ()):
-            self._call(rule, method, node)
+        hooks = self.visitors.get(type(node).__name__)
+        if hooks is not None:  # (the calls are inline: this runs for every node of every file)
+            for rule, method in hooks:
+                try:
+                    method(node)
+                except Exception as exc:  # noqa: BLE001 - surfaced as a RuleCrash naming the rule
+                    raise RuleCrash(rule.code, self.path, exc) from exc
         return True
 
     def on_leave(self, node: cst.CSTNode) -> None:
-        for rule, method in self.leavers.get(type(node).__name__, ()):
-            self._call(rule, method, node)
+        hooks = self.leavers.get(type(node).__name__)
+        if hooks is not None:
+            for rule, method in hooks:
+                try:
+                    method(node)
+                except Exception as exc:  # noqa: BLE001
+                    raise RuleCrash(rule.code, self.path, exc) from exc
         self.ctx.ancestors.pop()
-
-    def _call(self, rule: Rule, method: Callable, node: cst.CSTNode) -> None:
-        try:
-            method(node)
-        except Exception as exc:  # noqa: BLE001 - surfaced as a RuleCrash naming the rule
-            raise RuleCrash(rule.code, self.path, exc) from exc
 
 
 @functools.lru_cache(maxsize=None)

@@ -61,10 +61,11 @@ class ProgramIndex:
         self.sources = sources
         self.paths = list(sources)
         self.facts = {path: _graph_facts(text) for path, text in sources.items()}
-        normal = {_norm(path): path for path in self.paths}
+        self.normal_of = {path: _norm(path) for path in self.paths}
+        normal = {self.normal_of[path]: path for path in self.paths}
         by_module: dict[str, list[str]] = {}
         for path in self.paths:
-            parts = PurePosixPath(_norm(path)).with_suffix("").parts
+            parts = PurePosixPath(self.normal_of[path]).with_suffix("").parts
             parts = tuple(p for p in parts if p not in ("", "/", ".", ".."))
             if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -72,7 +73,7 @@ class ProgramIndex:
                 by_module.setdefault(".".join(parts[start:]), []).append(path)
         self.edges: dict[str, set[str]] = {path: set() for path in self.paths}
         for path in self.paths:
-            here = PurePosixPath(_norm(path)).parent.parts
+            here = PurePosixPath(self.normal_of[path]).parent.parts
             for level, module, names in self.facts[path].imports:
                 targets: set[str] = set()
                 if level:
@@ -131,7 +132,7 @@ class ProgramIndex:
                 found |= self.reach(entry)
             folder = PurePosixPath(_norm(path)).parent.as_posix()
             prefix = "" if folder in (".", "") else folder + "/"
-            found |= {p for p in self.paths if not self.facts[p].is_entry and _norm(p).startswith(prefix)}
+            found |= {p for p in self.paths if not self.facts[p].is_entry and self.normal_of[p].startswith(prefix)}
             self._related[path] = frozenset(found)
         return self._related[path]
 

@@ -41,10 +41,17 @@ def all_rules() -> tuple[type[Rule], ...]:
 
 
 def rule_by_code(code: str) -> type[Rule]:
-    for rule in all_rules():
-        if rule.code == code.upper() or rule.name == code:
-            return rule
-    raise SelectorError(_unknown(code))
+    """The rule with this code (any case) or name."""
+    rule = _by_code_or_name().get(code.upper()) or _by_code_or_name().get(code)
+    if rule is None:
+        raise SelectorError(_unknown(code))
+    return rule
+
+
+@lru_cache(maxsize=1)
+def _by_code_or_name() -> dict[str, type[Rule]]:
+    """Codes (upper case: GPU011) and names (kebab case: never a code) of every rule."""
+    return {key: rule for rule in all_rules() for key in (rule.code, rule.name)}
 
 
 def _unknown(selector: str) -> str:
