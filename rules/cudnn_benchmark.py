@@ -7,7 +7,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT
 from gpulint.rule import is_test_path
-from gpulint.semantic.program_text import program_texts
+from gpulint.semantic.program_text import imported_texts, program_texts
 
 _CONV = re.compile(
     r"\b(nn\.)?Conv(Transpose)?[123]d\(|\btorchvision\.models\.\w+\(|\bmodels\.__dict__\[|\bmodels\.(resnet|resnext|"
@@ -150,7 +150,12 @@ class CudnnBenchmark(Rule):
             return
         self._reported_loop = True  # one finding per file, at its first training loop
         texts = program_texts(self.ctx)
-        if is_test_path(self.ctx.path) or not any(_CONV.search(t) for t in texts) \
+        own = self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code
+        # a loop file that names no convolution builds its network elsewhere: the conv layers must be in a file
+        # it imports itself (`from nets import build`), not somewhere deep in a library it uses (peft's adapters
+        # for Conv2d layers do not make a language model a conv net)
+        conv_texts = texts if any(word in own for word in self.triggers[:3]) else imported_texts(self.ctx)
+        if is_test_path(self.ctx.path) or not any(_CONV.search(t) for t in conv_texts) \
                 or not _trains_on_cuda(self.ctx, texts):
             return
         if any(_BENCHMARK.search(t) or _DETERMINISTIC.search(t) for t in texts):

@@ -82,3 +82,17 @@ def program_texts(ctx) -> list[str]:
         frontier = {t for f in frontier for t in graph.get(f, ())} - scope
         scope |= frontier
     return [program.sources[p] for p in sorted(scope)]
+
+
+def imported_texts(ctx, levels: int = 2) -> list[str]:
+    """Texts of this file and of the files it imports, and those import, `levels` deep (`from utils import
+    get_network`, whose `from models.vgg import vgg16_bn` builds the network)."""
+    program = ctx.program
+    if ctx.path not in program.sources:
+        return [ctx.module.code]
+    graph = _import_graph(program)
+    scope, frontier = {ctx.path}, {ctx.path}
+    for _ in range(levels):
+        frontier = {t for f in frontier for t in graph.get(f, ())} - scope
+        scope |= frontier
+    return [program.sources[p] for p in sorted(scope)]
