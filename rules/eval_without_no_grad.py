@@ -383,12 +383,16 @@ class EvalWithoutNoGrad(Rule):
             return  # outputs may leave the function with their graph (returned, stored) and be trained on
         if self._called_under_no_grad(node.name.value):
             return
+        returns_graph = _returns_graph(node, calls)
+        key = self.ctx.analysis.function_key.get(id(node), node.name.value)
+        if returns_graph and f"{key}#returns-trained" in self.ctx.analysis.program_keys:
+            return  # `loss = self.compute_loss(...)` then backpropagated by its caller: training, not acting
         self._reported_functions.add(id(node))
         spelled, imports = self.ctx.spell("torch.no_grad")
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
         fix = [(node, node.with_changes(decorators=[*node.decorators, decorator]))]
         note = None
-        if _returns_graph(node, calls):  # a caller may train on what it returns: no automatic fix
+        if returns_graph:  # no caller is seen training on it, but one the program does not show might
             fix, imports = [], ()
             note = (f"`{node.name.value}()` returns a network output with its graph; if no caller trains on it, "
                     "decorate the function with `@torch.no_grad()` or detach what it returns")

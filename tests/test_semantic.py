@@ -234,7 +234,9 @@ def test_memoised_and_leaving_branches_are_not_per_step() -> None:
 
 
 def test_rollout_function_returning_its_graph_gets_no_automatic_no_grad() -> None:
-    """A rollout function whose network output is returned with its graph may feed a loss: reported, not fixed."""
+    """A rollout function whose network output is returned with its graph may feed a loss: reported, not fixed;
+    when a caller is seen backpropagating what it returns (`loss = self.compute_loss(...)`, then
+    `take_step(optimizer, loss)` calls `loss.backward()`), it is training, not acting: not reported."""
     from gpulint.engine import lint_text
     from gpulint.registry import all_rules
     text = ("import torch\n"
@@ -250,6 +252,9 @@ def test_rollout_function_returning_its_graph_gets_no_automatic_no_grad() -> Non
     rules = [r for r in all_rules() if r.code == "GPU074"]
     found = lint_text(text, "play.py", rules).diagnostics
     assert [d.line for d in found] == [3] and found[0].fix is None and "returns a network output" in found[0].note
+    trained = text.replace("        value = act(net, obs)\n", "        value = act(net, obs)\n        step(value)\n") + \
+        "def step(loss):\n    loss.backward()\n"
+    assert lint_text(trained, "play.py", rules, program=ProgramFacts(sources={"play.py": trained})).diagnostics == []
     detached = text.replace("    return value\n", "    return value.detach()\n")
     fixed = lint_text(detached, "play.py", rules).diagnostics
     assert [d.line for d in fixed] == [3] and fixed[0].fix is not None

@@ -98,6 +98,9 @@ class FunctionSummary:
     loop_reads: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (loop id, what it iterates)
     copies: dict[str, list[str]] = field(default_factory=dict)  # `self.loader = loader`: target -> sources
     rebound_in_loops: set[str] = field(default_factory=set)  # result names bound inside a loop (rebuilt each pass)
+    backward_names: set[str] = field(default_factory=set)  # names backpropagated here (`loss.backward()`, the
+    # `fabric.backward(loss)` argument, the operands of `loss = a + b` that is)
+    operands: dict[str, set[str]] = field(default_factory=dict)  # `loss = pi_loss + v_loss`: name -> operand names
 
 
 @dataclass
@@ -336,6 +339,10 @@ class _Summariser:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
                     fn.copies.setdefault(name, []).append(source)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, (ast.BinOp, ast.UnaryOp)):
+            fn.operands.setdefault(node.targets[0].id, set()).update(
+                n.id for n in ast.walk(node.value) if isinstance(n, ast.Name))
         self._scan_expressions([node], fn, loops, throttled)
 
     def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
@@ -348,6 +355,9 @@ class _Summariser:
                     fn.loop_reads.extend((id(generator), source) for generator in node.generators
                                          for source in _loop_sources(generator.iter))
         for call in _calls_outside_nested(roots, into_loops=True):  # type: ignore[arg-type]
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
+                loss = call.args[0] if call.args else call.func.value
+                fn.backward_names.update(n.id for n in ast.walk(loss) if isinstance(n, ast.Name))
             dotted = _dotted(call.func)
             if dotted is None:
                 continue
@@ -846,6 +856,19 @@ class CallGraph:
                  if source[0] == "value" and self._is_training_loop(path, fn, loop)}
         return self._through_calls(seeds)[0]
 
+    def _names_trained_on(self) -> set[tuple[str, str, str]]:
+        """(path, function key, name) of the names backpropagated: directly, as an operand of a backpropagated sum
+        (`loss = pi_loss + v_loss`), or through a parameter of a function that backpropagates it
+        (`take_optimisation_step(optimizer, net, loss)`)."""
+        trained = set()
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                names = set(fn.backward_names)
+                for name in list(names):
+                    names |= fn.operands.get(name, set())
+                trained |= {(path, fn.key, name) for name in names}
+        return self._through_calls(trained)[0]
+
     def _names_iterated_repeatedly(self) -> set[tuple[str, str, str]]:
         """(path, function key, name) of the names whose one value is iterated again and again (once per epoch):
         by a loop nested in another loop, by a function called in a loop with the same object (`for epoch in
@@ -915,12 +938,21 @@ class CallGraph:
             if other.class_name == fn.class_name)
 
     def _loader_markers(self) -> dict[str, set[str]]:
-        """path -> markers for the per-file loader flow: `<key>#returns-training-data` (or `...-data<n>` for
+        """path -> `<key>#returns-trained` for functions whose result a caller backpropagates, and markers for the
+        per-file loader flow: `<key>#returns-training-data` (or `...-data<n>` for
         element n of a returned tuple) when what the function returns is iterated by a training loop somewhere
         in the program (`#returns-epoch-data...` when that loop runs once per epoch), and
         `<key>#passes-training-data:<callee>:<slot>` (`#passes-epoch-data:...`) when the function passes a value
         to a parameter that is."""
         markers: dict[str, set[str]] = {}
+        trained = self._names_trained_on()
+        for path, summary in self.files.items():  # `loss = self.compute_loss(...)`, then backpropagated
+            for fn in summary.functions.values():
+                for name, calls in fn.results.items():
+                    if (path, fn.key, name) in trained:
+                        for target, _ in calls:
+                            for callee_path, callee_key in self.resolve(path, fn, target):
+                                markers.setdefault(callee_path, set()).add(f"{callee_key}#returns-trained")
         for kind, feeding in (("training", self._names_feeding_training()),
                               ("epoch", self._names_iterated_repeatedly())):
             for path, summary in self.files.items():

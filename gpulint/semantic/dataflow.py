@@ -31,12 +31,15 @@ def flow_from(function: cst.FunctionDef, calls: list[cst.Call],
     """Follow the results of `calls` through the assignments of `function` (a few rounds: chains are short);
     an assignment whose value `stops(value, names so far)` does not carry the flow on."""
     assignments = [n for n in walk(function.body) if isinstance(n, cst.Assign)]
+    holding = {id(a) for a in assignments if a.value in calls or any(  # `q = net(s).gather(1, a)` holds it too
+        isinstance(inner, cst.Call) and inner in calls for inner in walk(a.value))}
     names: set[str] = set()
     kept = False
     for _ in range(rounds):
         grown = False
         for assign in assignments:
-            if assign.value in calls or names_in(assign.value) & names and not stops(assign.value, names):
+            if assign.value in calls or (id(assign) in holding or names_in(assign.value) & names) \
+                    and not stops(assign.value, names):
                 kept |= any(not isinstance(t.target, (cst.Name, cst.Tuple, cst.List)) for t in assign.targets)
                 new = set().union(*(names_in(t.target) for t in assign.targets)) - names
                 names |= new
