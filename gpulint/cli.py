@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 # Start-up: only what a replayed `check` needs is imported here (gpulint.cache_runs); argparse when a command line
-# is parsed; libcst, the rules, the config, the reporters and the rest of the standard library by `_load()` when a
-# command runs (`gpulint --version` and `--help` import none of them).
+# is parsed; the config, the reporters and the rest of the standard library by `_load()` when a command runs
+# (`gpulint --version` and `--help` import none of them); libcst and the rules where a file is linted or a rule's
+# class is needed (a `check` whose files are all results-cache hits imports neither: settings are resolved from
+# the rules' recorded metadata, `registry.rule_infos`).
 OUTPUT_FORMATS = ("full", "concise", "json", "json-lines", "github", "sarif")
 MACHINE_FORMATS = ("json", "json-lines", "github", "sarif")
 
@@ -42,10 +44,8 @@ def _load() -> None:
     from gpulint.cache_runs import findable
     from gpulint.config import Layer, Resolver, Settings
     from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
-    from gpulint.discovery import discover, link_problem
+    from gpulint.discovery import discover_resolved, link_problem
     from gpulint.docs import all_infos, find_info, rule_json, rule_markdown
-    from gpulint.engine import RuleCrash, lint_text
-    from gpulint.fixer import fix_text
     from gpulint.reporters import (
         Writer, render_concise, render_diff, render_fixed, render_full, render_github, render_json,
         render_json_lines, render_sarif, render_statistics, render_summary, use_color,
@@ -334,6 +334,7 @@ class _Files(NamedTuple):
 
 def _collect(raw_paths: Sequence[str], resolver: Resolver) -> _Files:
     chosen: dict[str, Path] = {}
+    known: dict[str, Settings] = {}  # resolved path -> settings, for the files found by walking a folder
     missing: list[str] = []
     for raw in raw_paths:
         path = Path(raw)
@@ -350,16 +351,19 @@ def _collect(raw_paths: Sequence[str], resolver: Resolver) -> _Files:
             chosen.setdefault(str(path.resolve()), path)
             continue
         root_settings = resolver.settings_for(path)
-        files, problems = discover([raw], excludes=root_settings.walk_excludes(),
-                                   respect_gitignore=root_settings.respect_gitignore)
+        files, problems = discover_resolved([raw], excludes=root_settings.walk_excludes(),
+                                            respect_gitignore=root_settings.respect_gitignore)
         missing.extend(p.path for p in problems)
-        for found in files:
-            if resolver.settings_for(found).is_excluded(found, below=path):
+        for found, real in files:  # (each file is resolved once, by the discovery)
+            file_settings = resolver.settings_for_file(real)
+            if file_settings.is_excluded(found, below=path, real=real):
                 continue
-            chosen.setdefault(str(found.resolve()), found)
-    ordered = sorted(chosen.values(), key=lambda p: p.as_posix())
-    settings = {display_path(p): resolver.settings_for(p) for p in ordered}
-    return _Files([str(p) for p in ordered] + missing, settings)
+            if str(real) not in chosen:
+                chosen[str(real)] = found
+                known[str(real)] = file_settings
+    ordered = sorted(chosen.items(), key=lambda item: item[1].as_posix())
+    settings = {display_path(p): known.get(real) or resolver.settings_for(p) for real, p in ordered}
+    return _Files([str(p) for _, p in ordered] + missing, settings)
 
 
 class _Policy:
@@ -439,12 +443,13 @@ def _lint(args: argparse.Namespace) -> int:
             print(path)
         return EXIT_CLEAN
     policy = _Policy(files.settings, cwd_settings)
-    rules = sorted({r for s in [*files.settings.values(), cwd_settings] for r in s.rules}, key=lambda r: r.code)
+    # the rules' metadata: the runner needs their codes (a worker imports the classes when it lints)
+    rules = sorted({r for s in [*files.settings.values(), cwd_settings] for r in s.infos}, key=lambda r: r.code)
     human = fmt not in MACHINE_FORMATS and not args.statistics
 
     def file_rules(path: Path):
         settings = policy.of(display_path(path))
-        return settings.rules_for(path)
+        return settings.infos_for(path)
 
     def file_options(path: Path):
         return policy.of(display_path(path)).options
@@ -505,7 +510,9 @@ def _verify_before_writing(paths: list[str], rules: Sequence, policy: "_Policy",
     not fixed; a rule whose check fails has its fixes demoted to suggestions. Returns the unwritten fix run."""
     dry = run(paths, rules, fix=True, write=False, min_safety=Safety.UNSAFE, respect_gitignore=False,
               can_fix=policy.can_fix, file_filter=file_rules, options_for=file_options, jobs=args.jobs, isolate=True)
-    checked = {rule.code for rule in rules if rule.micro_check is not None}  # meta codes (GPU902) have no check
+    from gpulint.registry import rule_by_code
+
+    checked = {rule.code for rule in rules if rule_by_code(rule.code).micro_check is not None}  # GPU902 has none
     codes = sorted({d.code for report in dry.files if report.fix for d in report.fix.fixed} & checked)
     if not codes:
         return dry
@@ -689,6 +696,8 @@ def _report(args: argparse.Namespace, mode: _Mode, fmt: str, result: RunResult, 
 
 
 def _relint(path: str, text: str, policy: _Policy) -> list[Diagnostic]:
+    from gpulint.engine import RuleCrash, lint_text
+
     settings = policy.of(path)
     try:
         return lint_text(text, path, settings.rules_for(Path(path)), rule_options=settings.options).diagnostics
@@ -784,6 +793,9 @@ def _add_noqa(result: RunResult, policy: _Policy, reason: str, args: argparse.Na
 
 
 def _lint_stdin(args: argparse.Namespace, resolver: Resolver, mode: _Mode, fmt: str) -> int:
+    from gpulint.engine import RuleCrash, lint_text
+    from gpulint.fixer import fix_text
+
     text = sys.stdin.read()
     name = args.stdin_filename or "-"
     path = Path(name) if args.stdin_filename else Path.cwd() / "-"

@@ -31,7 +31,7 @@ else:  # pragma: no cover
 
 from gpulint.cli import OUTPUT_FORMATS  # one list for the command line and the config (cli imports no config)
 from gpulint.discovery import DEFAULT_EXCLUDES
-from gpulint.registry import META_CODES, all_rules, matches
+from gpulint.registry import META_CODES, RuleMeta, all_rules, matches, rule_infos
 from gpulint.rule import Rule
 
 CONFIG_FILES = (".gpulint.toml", "gpulint.toml", "pyproject.toml")
@@ -63,15 +63,23 @@ def _meta_matches(code: str, selector: str) -> bool:
     return selector.upper() == "ALL" or code.startswith(selector.upper()) or SELECTABLE_META[code] == selector
 
 
+# Settings are resolved from the rules' metadata (`registry.rule_infos`): the rules themselves, and libcst, are
+# imported only where a rule's class is needed (its options declared in a config, the lint itself).
+
 def _all_codes() -> list[str]:
-    return [r.code for r in all_rules()] + list(SELECTABLE_META)
+    return [r.code for r in rule_infos()] + list(SELECTABLE_META)
 
 
 def selector_matches(code: str, selector: str) -> bool:
     if code in SELECTABLE_META:
         return _meta_matches(code, selector)
-    rule = _rules_by_code().get(code)
+    rule = _infos_by_code().get(code)
     return rule is not None and matches(rule, selector)
+
+
+@lru_cache(maxsize=1)
+def _infos_by_code() -> dict[str, RuleMeta]:
+    return {r.code: r for r in rule_infos()}
 
 
 @lru_cache(maxsize=1)
@@ -87,7 +95,7 @@ def validate_selector(selector: str) -> str | None:
         return None
     if any(selector_matches(code, selector) for code in _all_codes()):
         return None
-    known = _all_codes() + [r.name for r in all_rules()] + list(SELECTABLE_META.values())
+    known = _all_codes() + [r.name for r in rule_infos()] + list(SELECTABLE_META.values())
     return f"unknown rule selector {selector!r}" + did_you_mean(selector, known)
 
 
@@ -419,11 +427,13 @@ def _clean_pattern(pattern: str) -> str:
     return pattern.strip("/")
 
 
-def _pieces(path: Path, base: Path, below: Path | None) -> tuple[tuple[str, ...] | None, int]:
-    """`path`'s components below `base` (None if it is not below it), and how many of them `below` covers."""
+def _pieces(path: Path, base: Path, below: Path | None, real: Path | None = None
+            ) -> tuple[tuple[str, ...] | None, int]:
+    """`path`'s components below `base` (None if it is not below it), and how many of them `below` covers.
+    `real`: `path` resolved, if known."""
     resolved_base = _resolved(base)
     try:
-        pieces = _resolved(path).relative_to(resolved_base).parts
+        pieces = (real if real is not None else _resolved(path)).relative_to(resolved_base).parts
     except ValueError:
         pieces = None
     start = 0
@@ -478,7 +488,16 @@ class Settings:
 
     @property
     def rules(self) -> tuple[type[Rule], ...]:
+        """The enabled rules' classes (imports the rules; `infos` does not)."""
         return tuple(r for r in all_rules() if r.code in self.enabled)
+
+    @property
+    def infos(self) -> tuple[RuleMeta, ...]:
+        return tuple(r for r in rule_infos() if r.code in self.enabled)
+
+    def infos_for(self, path: Path) -> tuple[RuleMeta, ...]:
+        ignored = self.ignored_for(path)
+        return tuple(r for r in self.infos if r.code not in ignored)
 
     def ignored_for(self, path: Path) -> frozenset[str]:
         ignored = set()
@@ -510,8 +529,9 @@ class Settings:
             return Safety.UNSAFE
         return safety
 
-    def is_excluded(self, path: Path, below: Path | None = None) -> bool:
-        """`path_matches` for every exclude pattern, with the path's components found once per base folder."""
+    def is_excluded(self, path: Path, below: Path | None = None, real: Path | None = None) -> bool:
+        """`path_matches` for every exclude pattern, with the path's components found once per base folder.
+        `real`: `path` resolved, where the caller has it."""
         pieces: dict[Path, tuple[tuple[str, ...] | None, int]] = {}
         for base, pattern in self.excludes:
             clean = _clean_pattern(pattern)
@@ -519,7 +539,7 @@ class Settings:
                 continue
             found = pieces.get(base)
             if found is None:
-                found = pieces[base] = _pieces(path, base, below)
+                found = pieces[base] = _pieces(path, base, below, real)
             if _matches_at(clean, path, *found):
                 return True
         return False
@@ -547,7 +567,7 @@ class Settings:
 
 def _select(layers: Sequence[Layer]) -> frozenset[str]:
     codes = _all_codes()
-    enabled = {r.code for r in all_rules() if r.default_enabled} | set(SELECTABLE_META)
+    enabled = {r.code for r in rule_infos() if r.default_enabled} | set(SELECTABLE_META)
     for layer in layers:
         chosen = set()
         for code in codes:
@@ -638,6 +658,13 @@ class Resolver:
 
     def settings_for(self, path: Path) -> Settings:
         folder = path.resolve() if path.is_dir() else path.resolve().parent
+        return self._settings_in(folder)
+
+    def settings_for_file(self, resolved: Path) -> Settings:
+        """`settings_for` a file whose path is resolved already (no folder can be named here)."""
+        return self._settings_in(resolved.parent)
+
+    def _settings_in(self, folder: Path) -> Settings:
         cached = self._by_folder.get(folder)
         if cached is not None:
             return cached

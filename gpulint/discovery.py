@@ -146,6 +146,14 @@ class DiscoveryProblem:
 def discover(paths: Iterable[str], *, excludes: Iterable[str] = DEFAULT_EXCLUDES, respect_gitignore: bool = True,
              root: Path | None = None) -> tuple[list[Path], list[DiscoveryProblem]]:
     """Files to lint (sorted, unique) and problems such as missing paths."""
+    found, problems = discover_resolved(paths, excludes=excludes, respect_gitignore=respect_gitignore, root=root)
+    return [path for path, _ in found], problems
+
+
+def discover_resolved(paths: Iterable[str], *, excludes: Iterable[str] = DEFAULT_EXCLUDES,
+                      respect_gitignore: bool = True, root: Path | None = None
+                      ) -> tuple[list[tuple[Path, Path]], list[DiscoveryProblem]]:
+    """`discover`, each file with its resolved path (found once, here)."""
     files: dict[str, Path] = {}
     problems: list[DiscoveryProblem] = []
     excludes = tuple(excludes)
@@ -168,16 +176,18 @@ def discover(paths: Iterable[str], *, excludes: Iterable[str] = DEFAULT_EXCLUDES
             for parent in reversed([resolved, *resolved.parents]):
                 if parent == project or project in parent.parents:
                     stack = stack.with_dir(parent)
-        for found in _walk(path, project, stack, excludes, respect_gitignore, problems):
-            files.setdefault(str(found.resolve()), found)
-    return sorted(files.values(), key=lambda p: p.as_posix()), problems
+        for found, real in _walk(path, project, stack, excludes, respect_gitignore, problems):
+            files.setdefault(str(real), found)
+    return sorted(((path, Path(real)) for real, path in files.items()), key=lambda pair: pair[0].as_posix()), problems
 
 
 def _walk(directory: Path, project: Path, stack: _IgnoreStack, excludes: tuple[str, ...], respect_gitignore: bool,
-          problems: list[DiscoveryProblem]) -> Iterator[Path]:
+          problems: list[DiscoveryProblem]) -> Iterator[tuple[Path, Path]]:
+    """(file, the file resolved) of every Python file to lint under `directory`."""
     seen: set[tuple[int, int]] = set()
 
-    def visit(current: Path, ignores: _IgnoreStack) -> Iterator[Path]:
+    def visit(current: Path, ignores: _IgnoreStack, real: Path) -> Iterator[tuple[Path, Path]]:
+        """`real`: `current` resolved (an entry that is no symbolic link resolves to `real / name`)."""
         try:
             info = current.stat()
         except OSError as exc:
@@ -201,20 +211,26 @@ def _walk(directory: Path, project: Path, stack: _IgnoreStack, excludes: tuple[s
                     problems.append(DiscoveryProblem(str(child), link_problem(child) or exc.strerror or str(exc)))
                 continue
             try:
-                relative = child.resolve().relative_to(project).as_posix()
-            except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+                child_real: Path | None = child.resolve() if entry.is_symlink() else real / entry.name
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+                child_real = None
+            try:
+                relative = child_real.relative_to(project).as_posix() if child_real is not None else child.name
+            except ValueError:
                 relative = child.name
             if _excluded(relative, entry.name, excludes):
                 continue
             if respect_gitignore and ignores.ignored(child, is_dir):
                 continue
             if is_dir:
-                yield from visit(child, ignores.with_dir(child) if respect_gitignore else ignores)
+                yield from visit(child, ignores.with_dir(child) if respect_gitignore else ignores,
+                                 child_real if child_real is not None else child)
             elif entry.name.endswith(".py"):
                 broken = link_problem(child) if entry.is_symlink() else None
                 if broken is not None:
                     problems.append(DiscoveryProblem(str(child), broken))
                     continue
-                yield child
+                yield child, child_real if child_real is not None else child.resolve()
 
-    yield from visit(directory.resolve(), stack)
+    start = directory.resolve()
+    yield from visit(start, stack, start)

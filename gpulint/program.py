@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from gpulint.analysis import PROGRAM_CUDA_TEXT
-
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
 _IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
@@ -205,6 +203,8 @@ def search_texts(texts: dict[str, str], pattern: re.Pattern[str]) -> list[tuple[
 
 def related_targets_cuda(ctx) -> bool:
     """Does a file of the current file's program (itself excluded) name CUDA? Remembered per file for the run."""
+    from gpulint.analysis import PROGRAM_CUDA_TEXT  # here: the command line reads imports without libcst
+
     index = program_index(ctx)
     cached = index.cuda_related.get(ctx.path)
     if cached is None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
+import os
 import pkgutil
+import sys
 from functools import lru_cache
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from gpulint.rule import Rule
 
@@ -38,6 +41,83 @@ def all_rules() -> tuple[type[Rule], ...]:
     if len(set(names)) != len(names):
         raise RuntimeError("duplicate rule names in gpulint.rules")
     return tuple(sorted(found, key=lambda r: r.code))
+
+
+class RuleMeta(NamedTuple):
+    """What settings need of a rule (selectors, defaults), known without importing it."""
+
+    code: str
+    name: str
+    default_enabled: bool
+
+
+_META_FORMAT = 1
+_META_PREFIX = "gpulint-rules."
+
+
+@lru_cache(maxsize=1)
+def rule_infos() -> tuple[RuleMeta, ...]:
+    """Code, name and default of every rule, sorted by code. Importing the rules imports libcst and every
+    rule (a third of a second), which resolving settings does not need: their metadata is recorded in a small
+    file beside the rules' byte code (`__pycache__/gpulint-rules.<fingerprint>.json`, keyed by gpulint's code
+    fingerprint: any edited, added or removed source file gives a new key) when they are imported, and read
+    from there when it exists. Like byte code, it is not written under PYTHONDONTWRITEBYTECODE or where the
+    folder is read-only; then the rules are imported, as they were before."""
+    imported = getattr(all_rules, "cache_info", None)
+    if imported is None or imported().currsize:  # imported already (or replaced, e.g. by a test adding a rule)
+        return tuple(RuleMeta(r.code, r.name, r.default_enabled) for r in all_rules())
+    path = _meta_path()
+    if path is not None:
+        recorded = _read_meta(path)
+        if recorded is not None:
+            return recorded
+    infos = tuple(RuleMeta(r.code, r.name, r.default_enabled) for r in all_rules())
+    if path is not None and not sys.dont_write_bytecode:
+        _write_meta(path, infos)
+    return infos
+
+
+def _meta_path() -> str | None:
+    from gpulint.cache import _code_folders, code_fingerprint
+
+    folders = _code_folders()[1:]  # the rules' folder(s)
+    if not folders:
+        return None
+    return os.path.join(folders[0], "__pycache__", f"{_META_PREFIX}{code_fingerprint()}.json")
+
+
+def _read_meta(path: str) -> tuple[RuleMeta, ...] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+        if record["format"] != _META_FORMAT:
+            return None
+        infos = tuple(RuleMeta(code, name, enabled) for code, name, enabled in record["rules"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged: the rules are imported
+    if not all(isinstance(i.code, str) and isinstance(i.name, str) and isinstance(i.default_enabled, bool)
+               for i in infos):
+        return None
+    return infos
+
+
+def _write_meta(path: str, infos: tuple[RuleMeta, ...]) -> None:
+    """Write the record atomically and remove the records of earlier code (best effort: a read-only install
+    simply imports the rules each time)."""
+    import tempfile
+
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=".gpulint-rules.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"format": _META_FORMAT, "rules": [list(info) for info in infos]}, handle)
+        os.replace(temporary, path)
+        for entry in os.scandir(folder):
+            if entry.name.startswith(_META_PREFIX) and entry.name.endswith(".json") and entry.path != path:
+                os.unlink(entry.path)
+    except OSError:
+        pass
 
 
 def rule_by_code(code: str) -> type[Rule]:

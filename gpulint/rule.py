@@ -8,14 +8,16 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-import libcst as cst
-
-from gpulint.analysis import Confidence, Device, Evidence, FileAnalysis, HotKind
 from gpulint.diagnostics import Safety, Severity
-from gpulint.program import related_targets_cuda
 
 if TYPE_CHECKING:
+    import libcst as cst
+
+    from gpulint.analysis import Confidence, Device, Evidence, FileAnalysis, HotKind
     from gpulint.engine import ProgramFacts
+
+# libcst and the shared analyses are imported where a rule's context uses them, not here: the command line reads
+# the rules' metadata and resolves settings without them (a warm `check` imports neither).
 
 
 class RuleDefinitionError(TypeError):
@@ -220,6 +222,8 @@ class RuleContext:
     # regions
     @property
     def evidence(self) -> Evidence:
+        from gpulint.analysis import Evidence
+
         return Evidence(self.analysis, self.ancestors)
 
     def hot_kind(self) -> HotKind | None:
@@ -257,10 +261,14 @@ class RuleContext:
             return True
         if not (program.cuda_evidence or program.maybe_cuda_evidence):
             return False  # no file of the run names CUDA: no need for the import graph
+        from gpulint.program import related_targets_cuda
+
         return related_targets_cuda(self)
 
     def in_no_grad_function(self) -> bool:
         """Inside a function decorated `@torch.no_grad()` / `@torch.inference_mode()`: inference, not training."""
+        import libcst as cst
+
         for node in reversed(self.ancestors):
             if isinstance(node, cst.FunctionDef):
                 for decorator in node.decorators:
@@ -277,6 +285,8 @@ class RuleContext:
     def in_test_code(self) -> bool:
         """Inside a test: a function named `test_*`, or a test-named file that imports pytest or unittest.
         A `*_test.py` training script that imports neither is not test code."""
+        import libcst as cst
+
         fn = self.enclosing(cst.FunctionDef)
         if isinstance(fn, cst.FunctionDef) and _TEST_FUNCTION.match(fn.name.value):
             return True
@@ -285,6 +295,8 @@ class RuleContext:
 
     def inside_with(self, *qualnames: str) -> bool:
         """Is the current node in the body of `with <one of qualnames>(...)` within the same function?"""
+        import libcst as cst
+
         for node in reversed(self.ancestors[:-1]):
             if isinstance(node, (cst.FunctionDef, cst.Lambda)):
                 return False

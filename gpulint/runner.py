@@ -19,19 +19,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
+from typing import TYPE_CHECKING
+
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
-from gpulint.discovery import discover, find_project_root
-from gpulint.engine import (ProgramFacts, RuleCrash, cyclic_gc_paused, lint_text, might_match, parse,
-                            python_syntax_error, syntax_error_diagnostic)
-from gpulint.fixer import FixOutcome, fix_text
+from gpulint.discovery import discover_resolved, find_project_root
 from gpulint.program import imported_files
-from gpulint.registry import META_CODES, rule_by_code
-from gpulint.rule import Rule
+from gpulint.registry import META_CODES, all_rules, rule_by_code
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
 
-_MAYBE_CUDA_TEXT = re.compile(IS_AVAILABLE_TEXT)
+if TYPE_CHECKING:
+    from gpulint.engine import ProgramFacts
+    from gpulint.fixer import FixOutcome
+    from gpulint.rule import Rule
+
+# libcst, the engine and the rules are imported where a file is linted (`_execute_all` imports them once, before
+# workers are forked): a run whose files are all results-cache hits needs none of them.
+
 _CLASS_TEXT = re.compile(r"^\s*class\s+(\w+)\s*\(([^)]*)\)", re.M)
 
 
@@ -66,6 +70,10 @@ def display_path(path: Path) -> str:
 
 def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     """Cheap text-level facts about all files of the run, so that no file is parsed twice."""
+    from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
+    from gpulint.engine import ProgramFacts
+
+    maybe_cuda_text = re.compile(IS_AVAILABLE_TEXT)
     facts = ProgramFacts()
     known_bases = {"Module", "LightningModule"}
     classes: dict[str, str] = {}
@@ -73,7 +81,7 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
         text = facts.sources[path] = source.text
         # the literal tests first: most files name neither, and the regexes have no literal prefix to skip by
         facts.cuda_evidence |= ("cuda" in text or "nccl" in text) and bool(PROGRAM_CUDA_TEXT.search(text))
-        facts.maybe_cuda_evidence |= "is_available" in text and bool(_MAYBE_CUDA_TEXT.search(text))
+        facts.maybe_cuda_evidence |= "is_available" in text and bool(maybe_cuda_text.search(text))
         for name, bases in _CLASS_TEXT.findall(text):
             classes[name] = bases
     changed = True
@@ -92,11 +100,12 @@ _CONTEXT_DEPTH = 3  # import levels followed from the files named on the command
 _CONTEXT_LIMIT = 300  # files read for context at most
 
 
-def _imported_context(sources: Sequence[tuple[str, SourceFile]]) -> list[tuple[str, SourceFile]]:
+def _imported_context(sources: Sequence[tuple[str, SourceFile]], real: dict[str, Path]
+                      ) -> list[tuple[str, SourceFile]]:
     """First-party modules the run's files import (transitively) that the run does not lint: read, not linted,
     so that `gpulint check train.py` (or a pre-commit hook given only the changed files) sees the same program
     as `gpulint check .`: TF32 set in an imported config module, the network defined in `models.py`."""
-    frontier = [(source.path.resolve(), source) for _, source in sources]
+    frontier = [(real[shown], source) for shown, source in sources]
     seen = {str(real) for real, _ in frontier}
     roots: dict[Path, Path] = {}
     context: list[tuple[str, SourceFile]] = []
@@ -178,11 +187,12 @@ def run(
     isolate: bool = False,  # lint each file in a forked worker that may crash or time out alone (the CLI's way)
 ) -> RunResult:
     kwargs = {"excludes": excludes} if excludes is not None else {}
-    files, problems = discover(paths, respect_gitignore=respect_gitignore, **kwargs)
+    files, problems = discover_resolved(paths, respect_gitignore=respect_gitignore, **kwargs)
     reports: list[FileReport] = [FileReport(shown, [_io_error(shown, p.message)], cacheable=False)
                                  for p in problems for shown in [display_path(Path(p.path))]]
     sources: list[tuple[str, SourceFile]] = []
-    for path in files:
+    real: dict[str, Path] = {}  # shown -> the file resolved (its results-cache key)
+    for path, resolved in files:
         shown = display_path(path)
         try:
             source = read_source(path)
@@ -194,18 +204,23 @@ def run(
             reports.append(FileReport(shown, [_io_error(shown, too_large)], cacheable=False))
             continue
         sources.append((shown, source))
-    program_files = [*sources, *_imported_context(sources)]
-    program = program_facts(program_files)
+        real[shown] = resolved
+    program_files = [*sources, *_imported_context(sources, real)]
     tasks = [_Task(shown, source, tuple(r.code for r in (file_filter(source.path) if file_filter else rules)),
-                   options_for(source.path) if options_for else (rule_options or {}))
+                   options_for(source.path) if options_for else (rule_options or {}), str(real[shown]))
              for shown, source in sources]
     settings = _Settings(fix, write, min_safety, can_fix)
     cache = _open_cache(cache_dir, tasks, fix) if cache_dir is not None else None
     program_key = digest(sorted((shown, content_hash(s.raw)) for shown, s in program_files))
     remembered = cache.facts_for(program_key) if cache is not None else None
-    # The program's facts key the results cache: without a cache, or with the key remembered, the call graph is
-    # not needed here; the workers get it from a process that builds it while they parse (`_Isolated`).
-    facts_key = (remembered or digest(program.summary())) if cache is not None else ""
+    # The program's facts key the results cache: without a cache, or with the key remembered, neither they nor the
+    # call graph are needed here (the workers get the graph from a process that builds it while they parse).
+    program: ProgramFacts | None = None
+    if cache is not None and remembered is None:
+        program = program_facts(program_files)
+        facts_key = digest(program.summary())
+    else:
+        facts_key = remembered or ""
     pending: list[_Task] = []
     for task in tasks:
         cached = cache.get(_file_key(task), content_hash(task.source.raw), facts_key, program_key) if cache else None
@@ -218,7 +233,9 @@ def run(
     if cache is not None:
         cache.remember_facts(program_key, facts_key)
     errors: list[str] = []
-    for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate):
+    if pending and program is None:
+        program = program_facts(program_files)
+    for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate):  # type: ignore[arg-type]
         if isinstance(outcome, str):
             errors.append(outcome)
         else:
@@ -242,6 +259,7 @@ class _Task:
     source: SourceFile
     codes: tuple[str, ...]
     options: dict[str, dict[str, Any]]
+    key: str  # the file resolved: its results-cache key
 
 
 @dataclass(frozen=True)
@@ -253,7 +271,7 @@ class _Settings:
 
 
 def _file_key(task: _Task) -> str:
-    return str(task.source.path.resolve())
+    return task.key
 
 
 def _open_cache(directory: Path, tasks: Sequence[_Task], fix: bool) -> ResultCache | None:
@@ -274,6 +292,8 @@ def _init_worker(program: ProgramFacts, settings: _Settings) -> None:
 def _execute(task: _Task, program: ProgramFacts | None = None, settings: _Settings | None = None,
              module: Any = None) -> tuple[_Task, FileReport | str, bool]:
     """Lint (or fix) one file; `module` is its syntax tree when a worker parsed it ahead (`_preparse`)."""
+    from gpulint.engine import RuleCrash, cyclic_gc_paused
+
     program = program or _WORKER["program"]
     settings = settings or _WORKER["settings"]
     program.searched = False
@@ -315,6 +335,7 @@ def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Setti
                  isolate: bool = False) -> Iterator[tuple[_Task, FileReport | str, bool]]:
     if not tasks:
         return
+    all_rules()  # the rules and libcst, imported once here: forked workers inherit them
     workers = _worker_count(jobs, tasks, settings, isolate)
     if isolate and _CAN_FORK and os.environ.get("GPULINT_NO_ISOLATION", "") in ("", "0"):
         yield from _Isolated(tasks, program, settings, min(workers, len(tasks))).results()
@@ -371,6 +392,8 @@ def call_isolated(function: Callable[[], Any], path: str, text: str) -> tuple[bo
     """`function()` in a forked child (Linux; in-process elsewhere): (True, its result) or, when the child died
     (a crash of the native parser), (False, the diagnostic that reports it: GPU900 where CPython rejects `text`
     too, else GPU901). The result must pickle."""
+    from gpulint.engine import python_syntax_error, syntax_error_diagnostic
+
     if not _CAN_FORK or os.environ.get("GPULINT_NO_ISOLATION", "") not in ("", "0"):
         return True, function()
     for stream in (sys.stdout, sys.stderr):
@@ -503,6 +526,8 @@ def _worker_loop(task_fd: int, result_fd: int, tasks: Sequence[_Task], program: 
 def _preparse(task: _Task) -> Any:
     """The syntax tree `lint_text` would parse for this file, or None (no rule can match it, a syntax error, a
     file the parse guard sends elsewhere: the lint then goes its ordinary way)."""
+    from gpulint.engine import cyclic_gc_paused, might_match, parse
+
     rules = [rule_by_code(code) for code in task.codes]
     if not might_match(task.source.text, rules):
         return None
@@ -548,6 +573,8 @@ class _GraphBuilder:
                 os.close(read_end)
                 _child_setup(pool.parent_fds)
                 if os.getppid() == parent:
+                    from gpulint.engine import cyclic_gc_paused
+
                     with cyclic_gc_paused():  # syntax trees of every file (ast): no reference cycles
                         state = pool.program.call_graph_state()
                     _write_frame(write_end, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
@@ -800,6 +827,8 @@ class _Isolated:
 
     def _crashed(self, task: _Task, status: int) -> FileReport:
         """A worker died on this file. If CPython rejects the file too, it is reported as a syntax error."""
+        from gpulint.engine import python_syntax_error, syntax_error_diagnostic
+
         rejected = python_syntax_error(task.source.text, task.shown)
         if rejected is not None:
             report = FileReport(task.shown, [syntax_error_diagnostic(task.shown, rejected)], original=task.source.text,
@@ -815,6 +844,9 @@ def _run_file(shown: str, source: SourceFile, rules: Sequence[type[Rule]], progr
               min_safety: Safety, rule_options: dict[str, dict[str, Any]] | None,
               can_fix: Callable[[Diagnostic], bool], module: Any = None) -> FileReport:
     """Lint or fix one file; never writes (the caller writes, in the main process)."""
+    from gpulint.engine import lint_text
+    from gpulint.fixer import fix_text
+
     if not fix:
         result = lint_text(source.text, shown, rules, program=program, rule_options=rule_options, module=module)
         return FileReport(shown, result.diagnostics, original=source.text)
