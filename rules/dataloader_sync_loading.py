@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import libcst as cst
 
@@ -47,7 +48,12 @@ def _class_source(ctx, name: str) -> tuple[str, str] | None:
         bases = " ".join(ctx.code(b) for b in info.node.bases)
         return bases, ctx.code(info.node)
     pattern = re.compile(r"^([ \t]*)class\s+" + re.escape(name) + r"\s*\(([^)]*)\)\s*:", re.M)
-    for path, match in ctx.program.search(pattern):
+    here = PurePosixPath(ctx.path.replace("\\", "/")).parent.parts
+    # the definition nearest to this file first (`from datautils import MyTrainDataset` beside it), not the
+    # first of the run: a copy of the class elsewhere in the run (a truncated one, another project's) may differ
+    found = sorted(ctx.program.search(pattern), key=lambda item: -_shared_parts(
+        here, PurePosixPath(item[0].replace("\\", "/")).parent.parts))
+    for path, match in found:
         text = ctx.program.sources.get(path, "")
         indent = match.group(1)
         rest = text[match.end():]
@@ -55,6 +61,15 @@ def _class_source(ctx, name: str) -> tuple[str, str] | None:
         body = rest[:end.start()] if end else rest
         return match.group(2), body
     return None
+
+
+def _shared_parts(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
 
 
 def _init_source(body: str) -> str:

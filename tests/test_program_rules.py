@@ -163,3 +163,24 @@ def test_data_parallel_inside_a_module_is_reported_when_another_file_trains_it(t
         "for x in loader:\n    net(x.cuda()).sum().backward()\n    opt.step()\n")
     found = run([str(tmp_path)], [rule], jobs=1).diagnostics
     assert [(Path(d.path).name, d.line) for d in found] == [("models.py", 7)]
+
+
+def test_a_dataset_class_is_read_from_the_nearest_definition(tmp_path: Path):
+    """GPU050 decides from the dataset class whether loading costs anything; another file of the run defining a
+    class of the same name (a truncated copy, another project) sorts first but must not be the one read."""
+    (tmp_path / "aa_other").mkdir()
+    (tmp_path / "aa_other" / "datautils.py").write_text(
+        "import torch\nfrom torch.utils.data import Dataset\n\n\nclass MyTrainDataset(Dataset):\n"
+        "    def __getitem__(self, index):\n        return torch.load(f'sample{index}.pt')\n")
+    (tmp_path / "ddp").mkdir()
+    (tmp_path / "ddp" / "datautils.py").write_text(
+        "import torch\nfrom torch.utils.data import Dataset\n\n\nclass MyTrainDataset(Dataset):\n"
+        "    def __init__(self, size):\n        self.data = [torch.rand(20) for _ in range(size)]\n\n"
+        "    def __getitem__(self, index):\n        return self.data[index]\n")
+    (tmp_path / "ddp" / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom datautils import MyTrainDataset\n\n"
+        "model = torch.nn.Linear(20, 1).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(MyTrainDataset(2048), batch_size=32, pin_memory=True)\n"
+        "for epoch in range(10):\n    for x in loader:\n        model(x.cuda()).sum().backward()\n        opt.step()\n")
+    rule = rule_by_code("GPU050")
+    assert run([str(tmp_path)], [rule], jobs=1).diagnostics == []  # the in-memory dataset beside it: cheap
