@@ -277,6 +277,7 @@ class _Site:
     call: cst.Call
     template: str  # the value with the call replaced by a placeholder
     prepared_between: bool = False  # its inputs are computed after the group's first call (independently of it)
+    nested: bool = False  # an argument of another call (`torch.min(q1(s, a), q2(s, a))`): reported, never rewritten
 
 
 class SplitForwardSameModule(Rule):
@@ -512,6 +513,36 @@ class SplitForwardSameModule(Rule):
                 return small, large
             """
         ),
+        Invalid(  # SAC: the critic on the replay actions, then on fresh policy actions inside `torch.min` (no fix)
+            """
+            import torch
+            import torch.nn as nn
+            class Critic(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc1 = nn.Linear(20, 256)
+                    self.fc2 = nn.Linear(256, 1)
+                def forward(self, s, a):
+                    return self.fc2(torch.relu(self.fc1(torch.cat((s, a), -1))))
+            class SAC:
+                def __init__(self, actor):
+                    self.actor = actor
+                    self.critic1 = Critic().cuda()
+                    self.critic2 = Critic().cuda()
+                def update(self, buffer, optimizer, steps):
+                    for _ in range(steps):
+                        s, a, r = buffer.sample(256)
+                        q1 = self.critic1(s, a)
+                        q2 = self.critic2(s, a)
+                        new_a, log_prob = self.actor.sample(s)
+                        q_new = torch.min(self.critic1(s, new_a), self.critic2(s, new_a))
+                        loss = (q1 - r).pow(2).mean() + (q2 - r).pow(2).mean() + (log_prob - q_new).mean()
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+            """,
+            count=2,
+        ),
         Invalid(
             """
             import torch
@@ -701,6 +732,22 @@ class SplitForwardSameModule(Rule):
         template = code_of(small.value.deep_replace(call, cst.Name("__CALL__"))) if small.value is not call else "__CALL__"
         return _Site(statement, small, call, template)
 
+    def _sites(self, statement: cst.BaseStatement) -> list[_Site]:
+        """The network calls of a statement: the one its assignment is built on, or the network calls passed
+        straight to another call (`q_new = torch.min(self.q1(s, a), self.q2(s, a))`)."""
+        site = self._site(statement)
+        if site is not None:
+            return [site]
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return []
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign) or len(small.targets) != 1 or not isinstance(small.value, cst.Call):
+            return []
+        inner = [a.value for a in small.value.args if not a.star and isinstance(a.value, cst.Call)]
+        return [_Site(statement, small, call, "__NESTED__", nested=True) for call in inner
+                if not has_star_args(call) and isinstance(call.func, (cst.Name, cst.Attribute))
+                and self._callee_kind(call) is not None]
+
     def _groups(self, block: cst.IndentedBlock) -> list[list[_Site]]:
         if not _repeats_a_callee(block):
             return []  # most blocks: no two assignments call the same thing, nothing to group
@@ -709,8 +756,8 @@ class SplitForwardSameModule(Rule):
         assigned_since: dict[str, set[str]] = {}
         derived: dict[str, set[str]] = {}  # names computed from the group's outputs so far
         for statement in block.body:
-            site = self._site(statement)
-            if site is None:
+            sites = self._sites(statement)
+            if not sites:
                 if _is_barrier(self.ctx.analysis, statement):
                     groups.extend(g for g in open_groups.values() if len(g) > 1)
                     open_groups, assigned_since, derived = {}, {}, {}
@@ -721,36 +768,47 @@ class SplitForwardSameModule(Rule):
                     if dotted_in(statement) & derived[key]:
                         derived[key] |= assigned
                 continue
-            key = self._key(site)
-            group = open_groups.get(key)
-            if group is not None:
-                uses = dotted_in(site.call)
-                texts = {code_of(s.call) for s in group}
-                if uses & derived[key] or code_of(site.call) in texts:
-                    if len(group) > 1:
-                        groups.append(group)
-                    group = None
-                elif uses & assigned_since[key]:
-                    # its batch is prepared after the first call, but not from its outputs (`policy_d =
-                    # net(a)`, `b = load()`, `expert_d = net(b)`): mergeable once the preparation moves up
-                    site.prepared_between = True
-            if group is None:
-                open_groups[key] = [site]
-                assigned_since[key] = set()
-                derived[key] = set()
-            else:
-                group.append(site)
-            for other in assigned_since:
-                assigned_since[other] |= _assigned(statement)
-            derived[key] |= _assigned(statement)
+            for site in sites:
+                self._place(site, statement, groups, open_groups, assigned_since, derived)
         groups.extend(g for g in open_groups.values() if len(g) > 1)
         return groups
 
+    def _place(self, site: _Site, statement: cst.BaseStatement, groups: list[list[_Site]],
+               open_groups: dict[str, list[_Site]], assigned_since: dict[str, set[str]],
+               derived: dict[str, set[str]]) -> None:
+        """Add a site to the open group of its callee (a nested call joins a group of any statement shape), or
+        close that group and open another when the site reads the group's outputs or repeats a call."""
+        key = self._key(site)
+        if site.nested:
+            key = next((k for k in open_groups if k.startswith(key)), key)
+        group = open_groups.get(key)
+        if group is not None:
+            uses = dotted_in(site.call)
+            texts = {code_of(s.call) for s in group}
+            if uses & derived[key] or code_of(site.call) in texts:
+                if len(group) > 1:
+                    groups.append(group)
+                group = None
+            elif uses & assigned_since[key]:
+                # its batch is prepared after the first call, but not from its outputs (`policy_d =
+                # net(a)`, `b = load()`, `expert_d = net(b)`): mergeable once the preparation moves up
+                site.prepared_between = True
+        if group is None:
+            open_groups[key] = [site]
+            assigned_since[key] = set()
+            derived[key] = set()
+        else:
+            group.append(site)
+        for other in assigned_since:
+            assigned_since[other] |= _assigned(statement)
+        derived[key] |= _assigned(statement)
+
     def _key(self, site: _Site) -> str:
+        """Callee, keywords, positional count and, for a site that may be rewritten, its statement shape."""
         call = site.call
         keywords = sorted((a.keyword.value, code_of(a.value)) for a in call.args if a.keyword is not None)
         positional = sum(1 for a in call.args if a.keyword is None)
-        return f"{code_of(call.func)}|{keywords}|{positional}|{site.template}"
+        return f"{code_of(call.func)}|{keywords}|{positional}|{'' if site.nested else site.template}"
 
     # -- reporting a group ---------------------------------------------------------------------
 
@@ -770,6 +828,8 @@ class SplitForwardSameModule(Rule):
             return
         if why_not is None and any(s.prepared_between for s in group):
             why_not = "a later batch is prepared between the calls; move its preparation above the first call"
+        if why_not is None and any(s.nested for s in group):
+            why_not = "a call is an argument of another expression (`torch.min(q1(s, a), ...)`); merge by hand"
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
         replacement = None
@@ -1154,12 +1214,14 @@ def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
         if not isinstance(small, cst.Assign) or len(small.targets) != 1:
             continue
         call = _base_call(small.value)
-        if call is None:
-            continue
-        callee = dotted_name(call.func) or code_of(call.func)
-        if callee in seen:
-            return True
-        seen.add(callee)
+        calls = [call] if call is not None else []
+        if isinstance(small.value, cst.Call):  # the calls passed straight to another call, too
+            calls += [a.value for a in small.value.args if isinstance(a.value, cst.Call)]
+        for call in calls:
+            callee = dotted_name(call.func) or code_of(call.func)
+            if callee in seen:
+                return True
+            seen.add(callee)
     return False
 
 
