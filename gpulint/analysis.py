@@ -196,6 +196,14 @@ def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[c
 # bindings
 
 
+def _unwrapped_iterable(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """`loader` in `enumerate(tqdm(iter(loader)))`."""
+    while isinstance(node, cst.Call) and node.args and (dotted_name(node.func) or "").rsplit(".", 1)[-1] in (
+            "enumerate", "tqdm", "iter"):
+        node = node.args[0].value
+    return node
+
+
 # wrappers that return a loader whose batches arrive on the device (Lightning Fabric, Hugging Face Accelerate)
 _DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_data_loader"})
 # the legacy typed constructors build CPU tensors (`torch.cuda.FloatTensor` is the CUDA family)
@@ -1323,15 +1331,11 @@ class Evidence:
     def loader_on_device(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """A loader whose batches arrive on the device: passed through `fabric.setup_dataloaders(...)` or
         `accelerator.prepare(...)` (`for x, y in tqdm(train_loader)` after `train_loader = fabric.setup_...`)."""
+        node = _unwrapped_iterable(node)
         if depth > 4:
             return False
         if isinstance(node, cst.Call):
-            if method_name(node) in _DEVICE_LOADER_WRAPPERS and isinstance(node.func, cst.Attribute):
-                return True
-            func = dotted_name(node.func) or ""
-            if func.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter") and node.args:
-                return self.loader_on_device(node.args[0].value, depth + 1)
-            return False
+            return method_name(node) in _DEVICE_LOADER_WRAPPERS and isinstance(node.func, cst.Attribute)
         if isinstance(node, cst.Name):
             bindings = self.a.reaching_bindings(node.value, self.ancestors)
             return bool(bindings) and all(b.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) and b.value is not None
@@ -1341,10 +1345,7 @@ class Evidence:
     def batch_placement_unknown(self, binding: Binding) -> bool:
         """A batch of a loader that arrives as a parameter, in a file that hands loaders to Fabric or Accelerate
         for the device: the caller's loader may deliver device batches (`train(fabric, model, loader)`)."""
-        iterable = binding.value
-        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in (
-                "enumerate", "tqdm", "iter") and iterable.args:
-            iterable = iterable.args[0].value
+        iterable = _unwrapped_iterable(binding.value)
         if not isinstance(iterable, cst.Name) or not self.a.wraps_loaders_for_device():
             return False
         return any(b.kind is BindingKind.PARAM for b in self.a.reaching_bindings(iterable.value, self.ancestors))

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 import libcst as cst
 
@@ -10,6 +9,7 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, string_value, walk
 from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.semantic.loaders import LoaderFlow, checkable_loader_call, int_literal, loader_arg, resolve
+from gpulint.semantic.program_text import shared_dirs
 
 # ---------------------------------------------------------------------------------------------
 # DataLoader helpers shared by GPU050-GPU053 (imported by their rule files).
@@ -48,11 +48,9 @@ def _class_source(ctx, name: str) -> tuple[str, str] | None:
         bases = " ".join(ctx.code(b) for b in info.node.bases)
         return bases, ctx.code(info.node)
     pattern = re.compile(r"^([ \t]*)class\s+" + re.escape(name) + r"\s*\(([^)]*)\)\s*:", re.M)
-    here = PurePosixPath(ctx.path.replace("\\", "/")).parent.parts
     # the definition nearest to this file first (`from datautils import MyTrainDataset` beside it), not the
     # first of the run: a copy of the class elsewhere in the run (a truncated one, another project's) may differ
-    found = sorted(ctx.program.search(pattern), key=lambda item: -_shared_parts(
-        here, PurePosixPath(item[0].replace("\\", "/")).parent.parts))
+    found = sorted(ctx.program.search(pattern), key=lambda item: -shared_dirs(ctx.path, item[0]))
     for path, match in found:
         text = ctx.program.sources.get(path, "")
         indent = match.group(1)
@@ -61,15 +59,6 @@ def _class_source(ctx, name: str) -> tuple[str, str] | None:
         body = rest[:end.start()] if end else rest
         return match.group(2), body
     return None
-
-
-def _shared_parts(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def _init_source(body: str) -> str:

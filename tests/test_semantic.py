@@ -83,19 +83,19 @@ def test_loop_hotness(program: Path, path: str, line: int, expected: str) -> Non
 @pytest.mark.parametrize("program, path, line, expected", _expectations("feeds-training"),
                          ids=lambda v: v.name if isinstance(v, Path) else str(v))
 def test_loader_reaches_training_across_files(program: Path, path: str, line: int, expected: str) -> None:
-    sources = _sources(program)
-    module = cst.parse_module(sources[path])
-    flow = LoaderFlow(analyze(module, None, ProgramFacts(sources=sources).calls_for(path)))
-    positions = node_positions(module)
-    loaders = [node for node in _walk(module) if isinstance(node, cst.Call) and positions[id(node)][0] == line
-               and isinstance(node.func, cst.Name) and node.func.value == "DataLoader"]
-    assert loaders, f"no DataLoader call on {path}:{line}"
-    assert ("yes" if flow.reaches_training(loaders[0]) else "no") == expected, f"{path}:{line}"
+    flow, loader = _loader_on_line(program, path, line)
+    assert ("yes" if flow.reaches_training(loader) else "no") == expected, f"{path}:{line}"
 
 
 @pytest.mark.parametrize("program, path, line, expected", _expectations("per-epoch"),
                          ids=lambda v: v.name if isinstance(v, Path) else str(v))
 def test_loader_iterated_per_epoch_across_files(program: Path, path: str, line: int, expected: str) -> None:
+    flow, loader = _loader_on_line(program, path, line)
+    assert ("yes" if flow.iterated_per_epoch(loader) is not None else "no") == expected, f"{path}:{line}"
+
+
+def _loader_on_line(program: Path, path: str, line: int) -> tuple[LoaderFlow, cst.Call]:
+    """The loader flow of `path` in its program, and the `DataLoader(...)` call on `line`."""
     sources = _sources(program)
     module = cst.parse_module(sources[path])
     flow = LoaderFlow(analyze(module, None, ProgramFacts(sources=sources).calls_for(path)))
@@ -103,7 +103,7 @@ def test_loader_iterated_per_epoch_across_files(program: Path, path: str, line: 
     loaders = [node for node in _walk(module) if isinstance(node, cst.Call) and positions[id(node)][0] == line
                and isinstance(node.func, cst.Name) and node.func.value == "DataLoader"]
     assert loaders, f"no DataLoader call on {path}:{line}"
-    assert ("yes" if flow.iterated_per_epoch(loaders[0]) is not None else "no") == expected, f"{path}:{line}"
+    return flow, loaders[0]
 
 
 def _walk(node: cst.CSTNode):

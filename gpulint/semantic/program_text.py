@@ -45,15 +45,16 @@ def _import_graph(program) -> dict[str, set[str]]:
         for name in wanted:
             candidates = [c for c in index.get(name.strip("."), []) if c != path]
             if candidates:
-                best = max(_shared_dirs(path, c) for c in candidates)
-                targets.update(c for c in candidates if _shared_dirs(path, c) == best)
+                best = max(shared_dirs(path, c) for c in candidates)
+                targets.update(c for c in candidates if shared_dirs(path, c) == best)
         graph[path] = targets
     _SCOPE_CACHE.clear()
     _SCOPE_CACHE[id(program)] = (program, graph)
     return graph
 
 
-def _shared_dirs(a: str, b: str) -> int:
+def shared_dirs(a: str, b: str) -> int:
+    """How many leading folders two paths share (nearest-definition choices)."""
     count = 0
     for x, y in zip(a.replace("\\", "/").split("/")[:-1], b.replace("\\", "/").split("/")[:-1]):
         if x != y:
