@@ -12,7 +12,7 @@ _EXPORTS = {
     "Confidence": "gpulint.analysis", "Device": "gpulint.analysis", "HotKind": "gpulint.analysis",
     "Diagnostic": "gpulint.diagnostics", "Edit": "gpulint.diagnostics", "Fix": "gpulint.diagnostics",
     "Position": "gpulint.diagnostics", "Safety": "gpulint.diagnostics", "Severity": "gpulint.diagnostics",
-    "ImportRequest": "gpulint.rule", "Invalid": "gpulint.rule", "MicroCheck": "gpulint.rule", "Rule": "gpulint.rule",
+    "DefinitionRequest": "gpulint.rule", "ImportRequest": "gpulint.rule", "Invalid": "gpulint.rule", "MicroCheck": "gpulint.rule", "Rule": "gpulint.rule",
     "Valid": "gpulint.rule",
 }
 

@@ -19,7 +19,7 @@ from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
 from gpulint.semantic.callgraph import CallGraph, Frequency, ProgramCalls
-from gpulint.rule import ImportRequest, Report, Rule, RuleContext
+from gpulint.rule import DefinitionRequest, ImportRequest, Report, Rule, RuleContext
 from gpulint.source import newline_of
 from gpulint.suppressions import apply_suppressions
 
@@ -434,6 +434,9 @@ def _needed_nodes(reports: Sequence[tuple[Rule, Report]], module: cst.Module, an
         if report.safety is None:
             continue
         needed.extend(old for old, _ in report.replacements)
+        if any(isinstance(request, DefinitionRequest) for request in report.imports):
+            anchor = _definition_anchor(module, analysis)
+            needed.extend([anchor] if anchor is not None else module.body[-1:])
         if report.imports:
             if analysis.import_nodes:
                 needed.append(analysis.import_nodes[-1])
@@ -584,7 +587,9 @@ def _build_fix(rule: Rule, report: Report, positions: Any, module: cst.Module, a
         if newline != "\n":
             content = content.replace("\r\n", "\n").replace("\n", newline)
         edits.append(Edit(old_start, old_end, content))
-    edits.extend(_import_edit(request, module, analysis, positions, newline) for request in report.imports)
+    edits.extend(_definition_edit(request, module, analysis, positions, newline)
+                 if isinstance(request, DefinitionRequest) else _import_edit(request, module, analysis, positions, newline)
+                 for request in report.imports)
     return Fix(rule.fix_title or "", report.safety, tuple(sorted(edits, key=lambda e: (e.start, e.end))))
 
 
@@ -618,6 +623,39 @@ def _import_edit(request: ImportRequest, module: cst.Module, analysis: FileAnaly
             start, _ = _position(positions, module.body[0])
             where = Position(start.line, 1)
     return Edit(where, where, request.statement() + newline)
+
+
+def _definition_anchor(module: cst.Module, analysis: FileAnalysis) -> cst.CSTNode | None:
+    """The first top-level statement after the imports (and the docstring / __future__ lines); None at the end."""
+    last_import = analysis.import_nodes[-1] if analysis.import_nodes else None
+    after = last_import is None
+    for statement in module.body:
+        if not after:
+            after = statement is last_import
+        elif last_import is not None or not _is_docstring_or_future(statement):
+            return statement
+    return None
+
+
+def _definition_edit(request: DefinitionRequest, module: cst.Module, analysis: FileAnalysis, positions: Any,
+                     newline: str) -> Edit:
+    """Insert a definition a fix relies on before the first statement after the imports (at the end of a file of
+    imports only), below the blank lines that follow the imports and above the statement's own comments."""
+    anchor = _definition_anchor(module, analysis)
+    code = request.statement()
+    if anchor is not None:
+        start, _ = _position(positions, anchor)
+        # after the blank lines that follow the imports, above any comment that belongs to the statement
+        lines = list(getattr(anchor, "leading_lines", ()))
+        blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+        where = Position(start.line - len(lines) + blank, 1)
+        if not blank:
+            code = "\n\n" + code
+    else:
+        _, end = _position(positions, module.body[-1])
+        where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+        code = "\n\n" + request.code + "\n"
+    return Edit(where, where, code.replace("\n", newline) if newline != "\n" else code)
 
 
 def _is_docstring_or_future(statement: cst.CSTNode) -> bool:

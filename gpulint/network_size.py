@@ -308,3 +308,25 @@ def work_per_step(texts: dict[str, str]) -> Work | None:
     rows = batch * length
     shape = f"{rows} rows ({batch} x {length} tokens)" if length > 1 else f"{rows} rows"
     return Work(rows * width * width, f"{shape} x {width} x {width}", False)
+
+
+# Kernels one eval-mode forward launches per layer class, roughly: a Transformer layer launches its projections,
+# attention, norms and residual adds; a convolution usually comes with a norm and an activation. Each layer written
+# once counts once (a block repeated in a loop is undercounted, which keeps the estimate conservative).
+_LAUNCHES = {"Linear": 2, "LazyLinear": 2, "Bilinear": 2, "Embedding": 1, "LSTM": 4, "GRU": 4, "RNN": 2,
+             "MultiheadAttention": 6, "TransformerEncoderLayer": 12, "TransformerDecoderLayer": 18, "Transformer": 180}
+_CONV_LAUNCHES = 3
+# From about this many kernels a batch-1 forward costs more in Python and launch overhead than a CUDA-graph replay
+# with its input copies (benchmarks/graphed_inference.py: a 4-layer, 256-wide encoder, 1.4 -> 0.33 s per game on
+# an H200; the catalog's 3-layer MLP costs ~62 us per batch-1 forward, too little to pay for the replay's copies).
+LAUNCH_BOUND_KERNELS = 16
+
+
+def launches_per_forward(texts: dict[str, str]) -> int:
+    """Kernels one forward of the program's networks launches, estimated from the layers it writes; large
+    well-known models (torchvision, timm, from_pretrained) count as far above the launch-bound threshold."""
+    if any(_BIG_MODEL.search(text) for text in texts.values()):
+        return 10 * LAUNCH_BOUND_KERNELS
+    return sum(_CONV_LAUNCHES if name.startswith(("Conv", "LazyConv")) else _LAUNCHES.get(name, 1)
+               for text in texts.values() for name, _ in _sizes(text).named_layers)
+

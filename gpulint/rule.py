@@ -67,6 +67,18 @@ class ImportRequest:
         return f"import {self.module}" + (f" as {self.asname}" if self.asname else "")
 
 
+@dataclass(frozen=True)
+class DefinitionRequest:
+    """A top-level definition a fix relies on (`code` defines `name`), added once, before the first statement
+    that follows the file's imports. The rule asks only when the file does not define `name` yet."""
+
+    name: str
+    code: str
+
+    def statement(self) -> str:
+        return self.code + "\n\n\n"
+
+
 @dataclass
 class Report:
     """What a rule reports during traversal; the engine turns it into a Diagnostic with positions."""
@@ -76,7 +88,7 @@ class Report:
     severity: Severity
     safety: Safety | None  # None: no fix at this site
     replacements: tuple[tuple[cst.CSTNode, cst.CSTNode | str], ...]
-    imports: tuple[ImportRequest, ...]
+    imports: tuple[ImportRequest | DefinitionRequest, ...]
     note: str | None
 
 
@@ -132,7 +144,7 @@ class Rule:
         replacements: Sequence[tuple[cst.CSTNode, cst.CSTNode | str]] = (),
         safety: Safety | None = None,
         severity: Severity | None = None,
-        imports: Sequence[ImportRequest] = (),
+        imports: Sequence[ImportRequest | DefinitionRequest] = (),
         note: str | None = None,
     ) -> None:
         """Report `node`. A fix is `replacement` (for `node`) and/or `replacements` (node, new) pairs."""

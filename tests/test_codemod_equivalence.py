@@ -261,3 +261,33 @@ def test_gpu070_batchnorm_training_step_was_not_rewritten():
     fixed = (FIXTURES / "GPU070" / "selfplay_trainer.fixed.py").read_text(encoding="utf-8")
     line = "        mirrored_logits, mirrored_value = self.net(mirrored_obs)\n"
     assert line in original and line in fixed
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU076: per-leaf evaluation of a tree search, replayed from a CUDA graph
+
+class _Position:
+    def __init__(self, seed):
+        self.board = np.random.default_rng(seed).integers(-1, 2, size=(6, 7))
+
+    def planes(self):
+        return np.stack([self.board == 1, self.board == -1]).astype(np.float32)
+
+
+def test_gpu076_cpu_run_is_unchanged_and_the_helper_keeps_grad_mode_and_outputs():
+    """On the CPU (no CUDA inputs) the added helper runs the network as before: a script that ran on the CPU
+    still does, with the same priors and values; under grad mode it returns the network's own outputs."""
+    original_mod, fixed_mod = _pair("GPU076", "tree_search")
+    torch.manual_seed(0)
+    net = original_mod.PolicyValueNet().eval()
+    cpu = torch.device("cpu")
+    for seed in range(4):
+        position = _Position(seed)
+        priors, value = original_mod.evaluate(net, position, cpu)
+        fixed_priors, fixed_value = fixed_mod.evaluate(net, position, cpu)
+        np.testing.assert_array_equal(priors, fixed_priors)
+        assert value == fixed_value
+    x = torch.from_numpy(_Position(9).planes()).unsqueeze(0)
+    logits, value = fixed_mod.cuda_graph_inference(net, x)
+    assert logits.requires_grad and value.requires_grad  # grad mode on: the network ran as written
+    assert not fixed_mod._CUDA_GRAPHS  # nothing captured on the CPU
