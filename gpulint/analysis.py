@@ -293,8 +293,9 @@ _CUDA_AMP_PREFIX = "torch.cuda.amp."
 # `torch.cuda.is_available()` as text evidence, except as GPU010's `pin_memory=torch.cuda.is_available()`:
 # that fix must not turn a file into a CUDA program for the next run
 IS_AVAILABLE_TEXT = r"(?<!pin_memory=)torch\.cuda\.is_available\("
-# CUDA named in the text of a file (`"cuda:0"`, `.cuda(`, `torch.cuda.is_available(`): rules add their own extras
-CUDA_TEXT_PATTERN = r"""["']cuda(:\d+)?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT
+# CUDA named in the text of a file (`"cuda:0"`, `'cuda:%d' % gpu`, `.cuda(`, `torch.cuda.is_available(`): rules add
+# their own extras
+CUDA_TEXT_PATTERN = r"""["']cuda(:(\d+|%[ds]|\{[^{}'"]*\}))?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT
 CUDA_OR_ACCELERATOR_TEXT = re.compile(CUDA_TEXT_PATTERN + r"|torch\.accelerator\.")
 # CUDA named anywhere in a file of the program: also `f"cuda:{rank}"`, device selection and the NCCL backend
 PROGRAM_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|torch\.cuda\.(set_device|current_device|synchronize)\(|"""
@@ -713,7 +714,7 @@ class _PrePass(cst.CSTVisitor):
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = string_value(node)
-        if value is not None and re.fullmatch(r"cuda(:\d+)?", value):
+        if value is not None and re.fullmatch(r"cuda(:(\d+|%[ds]|\{[^{}]*\}))?", value):  # also 'cuda:%d' % gpu
             self.a.cuda_evidence = True
 
     def visit_FormattedString(self, node: cst.FormattedString) -> None:

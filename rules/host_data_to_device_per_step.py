@@ -4,9 +4,10 @@ import re
 
 import libcst as cst
 
-from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, is_numeric_literal, method_name
+from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint.analysis import BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
 from gpulint.builders import add_keyword, replace_keyword_value
+from gpulint.program import current_text
 from gpulint.rule import is_test_path
 from gpulint.semantic.masks import standalone_statement, statement_indent
 from gpulint.semantic.vocab import is_env_step
@@ -75,6 +76,9 @@ class HostDataToDevicePerStep(Rule):
     copy costs the same either way (344 B and 176 KB: within 5%). Better still, keep the producer on the GPU
     (a GPU replay buffer or vectorised environment).
 
+    Calls of a program helper that does this to its argument (`def tensor(x): return
+    torch.from_numpy(np.asarray(x)).to(DEVICE)`, in any file) are reported where the step calls them.
+
     ## Fix safety
     Unsafe fix for copies spelled `H.to(device)` / `H.cuda()` (with or without `non_blocking`), where `H` builds
     a tensor from host data: `H.pin_memory().to(device, non_blocking=True)`. When the program may run without
@@ -93,7 +97,8 @@ class HostDataToDevicePerStep(Rule):
     severity = Severity.WARNING
     safety = Safety.UNSAFE
     priority = "P2"
-    triggers = ("from_numpy", "tensor(", "Tensor(")
+    # no text trigger: a file that only calls an uploading helper (`to_device(batch)`) names none of these
+    constructors = ("from_numpy", "tensor(", "Tensor(")
     examples = [
         Valid(  # outside the training step: a one-off copy
             """
@@ -278,9 +283,12 @@ class HostDataToDevicePerStep(Rule):
     def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
         super().__init__(ctx)
         self._enabled = ctx.targets_cuda()
+        self._constructs = self._enabled and any(text in current_text(ctx) for text in self.constructors)
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self._enabled or any(arg.star for arg in node.args):
+            return
+        if self._uploading_helper(node) or not self._constructs:
             return
         name = method_name(node)
         source: cst.Call | None = None
@@ -333,6 +341,33 @@ class HostDataToDevicePerStep(Rule):
         self.report(node, "Host data turned into a GPU tensor every step: a blocking pageable copy per call; use a "
                           "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU",
                     replacements=replacements, imports=imports, note=note)
+
+    def _uploading_helper(self, node: cst.Call) -> bool:
+        """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host
+        and moves it to the device (any file): each call in the step is a host-to-device copy. Reported here
+        (the helper's own line is reported when it is hot), without a fix: the helper serves every caller."""
+        func = node.func
+        called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if called is None or not node.args or node.args[0].keyword is not None:
+            return False
+        function = self.ctx.enclosing(cst.FunctionDef)
+        key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function), function.name.value)
+        if f"{key}#uploads:{called}" not in self.ctx.analysis.program_keys:
+            return False
+        if not self.ctx.in_hot_region() or amortised(self.ctx) or is_test_path(self.ctx.path):
+            return True
+        inside = self.ctx.ancestors[next((i for i, n in enumerate(self.ctx.ancestors) if n is function), 0):]
+        if function is not None and not any(isinstance(n, (cst.For, cst.While)) for n in inside) and any(
+                self.ctx.analysis.hot.get(id(n)) in (HotKind.STEP_LOOP, HotKind.ROLLOUT)
+                for n in walk(function) if isinstance(n, (cst.For, cst.While))):
+            return True  # outside the function's own step or rollout loops: once per iteration, not per step
+        if Placement(self.ctx).of(node.args[0].value) in (DEVICE, TENSOR):
+            return True  # a tensor already (the helper passes tensors through)
+        self.report(node, f"`{called}(...)` turns host data into a GPU tensor on every step (it builds the tensor on "
+                          "the host and copies it over, blocking); gather the step's host data into one pinned "
+                          "buffer copied once with `non_blocking=True`, or keep the data on the GPU")
+        return True
 
     # -- the fix: a pinned copy, copied without blocking ---------------------------------------
 

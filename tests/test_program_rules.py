@@ -13,6 +13,7 @@ import pytest
 from gpulint.engine import lint_text
 from gpulint.registry import rule_by_code
 from gpulint.runner import run
+from gpulint.semantic.callgraph import CallGraph, Frequency
 from gpulint.testing import FIXTURES, expected_findings
 
 CODES = ("GPU020", "GPU021", "GPU022", "GPU023", "GPU024", "GPU025")
@@ -184,3 +185,59 @@ def test_a_dataset_class_is_read_from_the_nearest_definition(tmp_path: Path):
         "for epoch in range(10):\n    for x in loader:\n        model(x.cuda()).sum().backward()\n        opt.step()\n")
     rule = rule_by_code("GPU050")
     assert run([str(tmp_path)], [rule], jobs=1).diagnostics == []  # the in-memory dataset beside it: cheap
+
+
+def _agent_package(root: Path) -> None:
+    """An RL package whose agents are handed to a generic loop (`run(DQNLearner(cfg))`), re-exported through
+    `from .x import *`, with a `to_device()` helper that uploads its argument, selecting `'cuda:%d' % gpu`."""
+    package = root / "rlkit"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .helpers import *\nfrom .learners import *\n")
+    (package / "helpers.py").write_text(
+        "import numpy as np\nimport torch\n\n\nclass Settings:\n    device = torch.device('cpu')\n\n\n"
+        "def use_gpu(index):\n    Settings.device = torch.device('cuda:%d' % index)\n\n\n"
+        "def to_device(values):\n    if isinstance(values, torch.Tensor):\n        return values\n"
+        "    values = np.asarray(values, dtype=np.float32)\n    return torch.from_numpy(values).to(Settings.device)\n\n\n"
+        "def run(learner):\n    while learner.steps < learner.limit:\n        learner.step()\n")
+    (package / "learners.py").write_text(
+        "import torch\nfrom .helpers import to_device\n\n\nclass DQNLearner:\n    def __init__(self, cfg):\n"
+        "        self.net, self.env, self.buffer = cfg.net(), cfg.env(), cfg.buffer()\n"
+        "        self.opt = torch.optim.Adam(self.net.parameters())\n        self.steps, self.limit = 0, cfg.limit\n\n"
+        "    def step(self):\n        obs, reward, done = self.env.step(self.env.action_space.sample())\n"
+        "        self.buffer.add(obs, reward, done)\n        states, rewards = self.buffer.sample()\n"
+        "        states = to_device(states)\n        rewards = to_device(rewards)\n"
+        "        loss = (self.net(states).max(1)[0] - rewards).pow(2).mean()\n"
+        "        self.opt.zero_grad()\n        loss.backward()\n        self.opt.step()\n        self.steps += 1\n")
+    (root / "main.py").write_text(
+        "from rlkit import *\n\n\ndef train(cfg):\n    use_gpu(0)\n    run(DQNLearner(cfg))\n")
+
+
+def test_an_uploading_helper_is_reported_where_a_learner_handed_to_a_generic_loop_calls_it(tmp_path: Path):
+    """GPU013 through three hops nobody writes in one file: `run(DQNLearner(cfg))` makes `learner.step()` inside
+    `run` the learner's `step` (an object passed in), found through `from rlkit import *` re-exports; `step`
+    calls `to_device(...)`, a helper returning its argument uploaded to the device, on every training step; the
+    device is chosen by `torch.device('cuda:%d' % index)`."""
+    _agent_package(tmp_path)
+    found = run([str(tmp_path)], [rule_by_code("GPU013")], jobs=1).diagnostics
+    assert sorted((Path(d.path).name, d.line) for d in found) == [
+        ("helpers.py", 17), ("learners.py", 15), ("learners.py", 16)]
+    sources = {p.relative_to(tmp_path).as_posix(): p.read_text() for p in tmp_path.rglob("*.py")}
+    graph = CallGraph(sources)
+    loop = graph.files["rlkit/helpers.py"].functions["run"]
+    site = next(s for s in loop.sites if s.target == ("attr", "learner", "step"))
+    assert graph.resolve("rlkit/helpers.py", loop, site.target) == [("rlkit/learners.py", "DQNLearner.step")]
+    assert graph.frequency[("rlkit/helpers.py", "to_device")] >= Frequency.PER_STEP
+
+
+def test_a_memoised_or_consuming_helper_is_not_an_upload_at_its_call_sites(tmp_path: Path):
+    """`@lru_cache` helpers copy once per argument; `select_action(state)` uploads its input but returns an
+    action: its own line is the copy, its call sites are not."""
+    (tmp_path / "train.py").write_text(
+        "import functools\nimport numpy as np\nimport torch\n\n\n@functools.lru_cache(maxsize=None)\n"
+        "def window(n):\n    return torch.from_numpy(np.hanning(n)).to('cuda')\n\n\n"
+        "def select_action(net, state):\n    state = torch.from_numpy(state).to('cuda')\n"
+        "    return net(state).argmax().item()\n\n\n"
+        "for step in range(1000):\n    action = select_action(net, obs)\n    obs = env.step(action)\n"
+        "    loss = net(batch.cuda() * window(64)).sum()\n    loss.backward()\n    optimizer.step()\n")
+    found = run([str(tmp_path)], [rule_by_code("GPU013")], jobs=1).diagnostics
+    assert [(d.line, d.message.startswith("Host data")) for d in found] == [(12, True)]

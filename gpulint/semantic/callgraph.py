@@ -72,6 +72,7 @@ class CallSite:
     throttled: bool  # under a throttling `if`
     loops: tuple[int, ...]  # ids of the loops around it in its function, outermost first
     passed: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, name) of plain-name arguments
+    built: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, class) of `Class(...)` arguments
 
     @property
     def loop(self) -> int:
@@ -101,6 +102,7 @@ class FunctionSummary:
     backward_names: set[str] = field(default_factory=set)  # names backpropagated here (`loss.backward()`, the
     # `fabric.backward(loss)` argument, the operands of `loss = a + b` that is)
     operands: dict[str, set[str]] = field(default_factory=dict)  # `loss = pi_loss + v_loss`: name -> operand names
+    uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
 
 
 @dataclass
@@ -108,6 +110,7 @@ class FileSummary:
     path: str
     functions: dict[str, FunctionSummary] = field(default_factory=dict)
     imports: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)  # local -> (level, module, name)
+    star_imports: list[tuple[int, str]] = field(default_factory=list)  # `from .utils import *`: (level, module)
     classes: dict[str, list[str]] = field(default_factory=dict)  # class -> base names (last parts)
     instances: dict[str, list[str]] = field(default_factory=dict)  # name or self.attr -> classes built into it
     compiled: set[str] = field(default_factory=set)  # names passed to torch.compile
@@ -366,7 +369,9 @@ class _Summariser:
             target = _call_target(dotted)
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
-            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed))
+            arguments = [*enumerate(call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
+            built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
+            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
@@ -387,6 +392,7 @@ class _Summariser:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if vocab.last_part(_dotted(target)) == "compile":
                 summary.seed = Frequency.PER_STEP
+        summary.uploads = _uploads_parameter(node, set(params) - {"self", "cls"})
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
 
@@ -402,7 +408,10 @@ class _Summariser:
                 self.file.imports[local] = (0, alias.name if alias.asname else alias.name.split(".")[0], None)
             return
         for alias in node.names:
-            self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
+            if alias.name == "*":
+                self.file.star_imports.append((node.level, node.module or ""))
+            else:
+                self.file.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
 
     @staticmethod
     def _record_result(node: ast.Assign | ast.AnnAssign, fn: FunctionSummary, in_loop: bool) -> None:
@@ -421,14 +430,8 @@ class _Summariser:
                         fn.rebound_in_loops.add(name)
 
     def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
-        value = node.value
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and value.func.attr in _KEEPS_RECEIVER:
-            value = value.func.value  # `Agent(...).to(device)` is still the Agent
-        if not isinstance(value, ast.Call):
-            return
-        built = vocab.last_part(_dotted(value.func))
-        if not built or not built[0].isupper():
+        built = _constructed_class(node.value)
+        if built is None:
             return
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
@@ -437,6 +440,59 @@ class _Summariser:
                 classes = self.file.instances.setdefault(name, [])
                 if built not in classes:  # `if acktr: self.opt = KFAC(...) else: self.opt = optim.RMSprop(...)`
                     classes.append(built)
+
+
+_HOST_CONSTRUCTORS = frozenset({"from_numpy", "tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor",
+                                "DoubleTensor", "IntTensor", "BoolTensor", "ByteTensor"})
+
+
+def _uploads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
+    """A helper such as `def tensor(x): return torch.from_numpy(np.asarray(x)).to(DEVICE)`: what it returns is one of
+    its parameters turned into a tensor on the host and moved to a device (`.to(...)` / `.cuda()`, or `device=`), so
+    every call of it is a host-to-device copy of the caller's data. A function that uploads its input only to use it
+    (`select_action(state)` returning an action) is not one: its own line is the copy; nor is a memoised one."""
+    if any(vocab.last_part(_dotted(d.func if isinstance(d, ast.Call) else d)) in ("lru_cache", "cache", "cached")
+           for d in node.decorator_list):
+        return False  # memoised: one copy per distinct argument
+    uploaded: set[str] = set()  # names bound to an upload
+    returned: list[ast.expr] = []
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Assign) and _is_upload(statement.value, params):
+            uploaded.update(t.id for t in statement.targets if isinstance(t, ast.Name))
+        elif isinstance(statement, ast.Return) and statement.value is not None:
+            returned.append(statement.value)
+    return bool(returned) and any(_is_upload(value, params) or isinstance(value, ast.Name) and value.id in uploaded
+                                  for value in returned)
+
+
+def _is_upload(value: ast.expr, params: set[str]) -> bool:
+    """`torch.from_numpy(x).float().to(device)`, `torch.tensor(x, device=d)` with `x` (or `np.asarray(x)`) a parameter."""
+    if not isinstance(value, ast.Call):
+        return False
+    source: ast.expr = value
+    if isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda"):
+        source = value.func.value
+        while isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) \
+                and source.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous"):
+            source = source.func.value
+    elif not any(k.arg == "device" for k in value.keywords):
+        return False
+    if not isinstance(source, ast.Call) or vocab.last_part(_dotted(source.func)) not in _HOST_CONSTRUCTORS:
+        return False
+    data = source.args[0] if source.args else None
+    while isinstance(data, ast.Call) and data.args:  # `np.asarray(x, dtype=np.float32)`
+        data = data.args[0]
+    return isinstance(data, ast.Name) and data.id in params
+
+
+def _constructed_class(value: ast.AST | None) -> str | None:
+    """`Agent(config)` (also `Agent(...).to(device)`, which is still the Agent): the class name, else None."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _KEEPS_RECEIVER:
+        value = value.func.value
+    if not isinstance(value, ast.Call):
+        return None
+    built = vocab.last_part(_dotted(value.func))
+    return built if built and built[0].isupper() else None
 
 
 @lru_cache(maxsize=4096)
@@ -473,8 +529,8 @@ class CallGraph:
     def __init__(self, sources: dict[str, str], module_classes: frozenset[str] = frozenset()) -> None:
         self.files: dict[str, FileSummary] = {}
         for path, text in sources.items():
-            if "def " not in text and "for " not in text:
-                continue
+            if "def " not in text and "for " not in text and not (path.endswith("__init__.py") and "import" in text):
+                continue  # nothing to summarise (a package's __init__ may re-export: `from .misc import *`)
             summary = _summarise_text(path, text, module_classes)
             if summary is not None:
                 self.files[path] = summary
@@ -499,8 +555,10 @@ class CallGraph:
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
         self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
         self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool, bool]]] = {}
+        self._objects_in: dict[tuple[str, str, str], set[str]] = {}
         self._passed_in = self._functions_passed_in()
-        self._resolved.clear()  # resolutions made before the passed-in functions were known
+        self._objects_in = self._objects_passed_in()
+        self._resolved.clear()  # resolutions made before the passed-in functions and objects were known
         self._propagate()
 
     # -- resolution ------------------------------------------------------------------------------
@@ -541,6 +599,11 @@ class CallGraph:
             if imported is not None:
                 target = self._module_file(path, level, module)
                 return self._function_in(target, imported, depth + 1)
+            return []
+        for level, module in summary.star_imports:  # `from deep_rl import *` re-exporting `from .misc import *`
+            found = self._function_in(self._module_file(path, level, module), name, depth + 1)
+            if found:
+                return found
         return []
 
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
@@ -631,6 +694,11 @@ class CallGraph:
             found = self._method(path, built, method)
             if found:
                 return found
+        if receiver in fn.params:  # `def run_steps(agent): agent.step()` with callers passing `DQNAgent(config)`
+            found = [m for cls in sorted(self._objects_in.get((path, fn.key, receiver), ()))
+                     for m in self._method(path, cls, method)]
+            if found:
+                return found
         named = receiver.rsplit(".", 1)[-1]
         if named[:1].isupper() and named in self._classes:  # `MCTS(config).run(...)`: built on the spot
             found = self._method(path, named, method)
@@ -659,13 +727,39 @@ class CallGraph:
                     if not any(functions.values()):
                         continue
                     for callee_path, callee_key in self.resolve(path, fn, site.target):
-                        callee = self.files[callee_path].functions[callee_key]
-                        params = callee.params[1:] if callee.class_name and site.target[0] != "name" else callee.params
+                        params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
                         for slot, name in site.passed:
                             param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
                             if isinstance(param, str) and functions[name]:
                                 passed_in.setdefault((callee_path, callee_key, param), []).extend(functions[name])
         return passed_in
+
+    @staticmethod
+    def _arguments_of(callee: FunctionSummary, site: CallSite) -> tuple[str, ...]:
+        """The callee's parameters that a call site's positional arguments fill: a method called on an object, or a
+        class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass `self` itself."""
+        bound = callee.class_name is not None and (site.target[0] != "name" or callee.name == "__init__")
+        return callee.params[1:] if bound else callee.params
+
+    def _objects_passed_in(self) -> dict[tuple[str, str, str], set[str]]:
+        """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
+        in the argument (`run_steps(DQNAgent(config))`) or bound to the name passed (`agent = A2CAgent(cfg)`)."""
+        objects: dict[tuple[str, str, str], set[str]] = {}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    classes = [(slot, cls) for slot, cls in site.built if cls in self._classes]
+                    classes += [(slot, cls) for slot, name in site.passed for cls in summary.instances.get(name, ())
+                                if cls in self._classes]
+                    if not classes:
+                        continue
+                    for callee_path, callee_key in self.resolve(path, fn, site.target):
+                        params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
+                        for slot, cls in classes:
+                            param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
+                            if isinstance(param, str):
+                                objects.setdefault((callee_path, callee_key, param), set()).add(cls)
+        return objects
 
     def _env_methods(self) -> list[tuple[str, str]]:
         """The step methods of the program's environment classes and wrappers (what `env.step(a)` runs)."""
@@ -984,7 +1078,8 @@ class CallGraph:
         A loop key is `<function key>#loop<n>`, n counting the function's loops in source order; a function the
         program calls only now and then gets `<function key>#rare`, one called per step of such a function's
         rollout (an evaluation episode) `<function key>#rare-rollout`, and one that trains when called (itself or
-        through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level)."""
+        through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
+        A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1013,6 +1108,11 @@ class CallGraph:
                 found.setdefault(path, {})["<module>#trains"] = Frequency.PER_STEP
         for path, markers in self._loader_markers().items():
             found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
+        for path, summary in self.files.items():  # `tensor(batch.state)` with `tensor` an uploading helper
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    if any(self.files[p].functions[k].uploads for p, k in self.resolve(path, fn, site.target)):
+                        found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:
