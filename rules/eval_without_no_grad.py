@@ -10,6 +10,7 @@ from gpulint.rule import is_test_path
 from gpulint.semantic.dataflow import flow_from, names_in
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
 from gpulint.semantic.modules import code_of
+from gpulint.semantic.vocab import is_env_step
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
@@ -43,7 +44,10 @@ class EvalWithoutNoGrad(Rule):
     `torch.no_grad()`/`torch.inference_mode()` (context or decorator, also at the call sites in the program)
     and nothing that needs gradients. Also a function the program calls once per environment step, move or
     tree-search simulation (found through the call graph, in any file) that runs a network with grad mode on and
-    only uses the output as data (`.detach()`, `.numpy()`, `.item()`): acting needs no graph.
+    only uses the output as data (`.detach()`, `.numpy()`, `.item()`, a program helper such as `to_np()` that
+    reads its argument back to the host): acting needs no graph. In a loop or step function that both acts and
+    trains (a DQN loop: pick the action with the network, step the environment, then update), each network call
+    whose outputs are only read back to the host or handed to the environment before being replaced.
 
     ## Why is this slow
     With grad mode on, every forward op saves its inputs for a backward pass that never comes: activation
@@ -78,6 +82,9 @@ class EvalWithoutNoGrad(Rule):
     the function, another method of the class, or on the same model name elsewhere in the file, and never
     unfrozen), so that autograd records nothing. It does not use
     `torch.inference_mode()`: tensors created there raise later if used in autograd or modified in place.
+    An acting call inside a loop or function that also trains gets `with torch.no_grad():` around its own
+    statement, as an unsafe fix: its outputs were seen only being read back to the host or passed to the
+    environment, but code the rule cannot see (a callee storing them) could still want their graph.
     """
 
     code = "GPU074"
@@ -280,6 +287,52 @@ class EvalWithoutNoGrad(Rule):
                     s, r, done, _ = env.step(agent.act(s))
             """
         ),
+        Invalid(  # one loop acts and trains: the acting forward's outputs are only read back to the host
+            """
+            import torch
+
+            for step in range(100000):
+                q_values = q_net(torch.as_tensor(obs, device="cuda"))
+                action = q_values.argmax(1).cpu().numpy()
+                obs, reward, done, info = env.step(action)
+                batch = buffer.sample(64)
+                loss = (q_net(batch.obs).gather(1, batch.action) - batch.target).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+
+            for step in range(100000):
+                with torch.no_grad():
+                    q_values = q_net(torch.as_tensor(obs, device="cuda"))
+                action = q_values.argmax(1).cpu().numpy()
+                obs, reward, done, info = env.step(action)
+                batch = buffer.sample(64)
+                loss = (q_net(batch.obs).gather(1, batch.action) - batch.target).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+            count=1,
+        ),
+        Valid(  # the acting outputs are kept for the update (an actor-critic's log-probabilities and values)
+            """
+            import torch
+
+            for step in range(100000):
+                logits, value = policy(torch.as_tensor(obs, device="cuda"))
+                action = torch.distributions.Categorical(logits=logits).sample()
+                obs, reward, done, info = env.step(action.cpu().numpy())
+                values.append(value)
+                if step % 5 == 0:
+                    loss = compute_loss(values, rewards)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),
@@ -328,9 +381,13 @@ class EvalWithoutNoGrad(Rule):
         # reported where the graph is built (the first forward in the loop); the fix decorates the function
         self.report(calls[0], replacements=[(node, new)], imports=imports)
 
+    def visit_While(self, node: cst.While) -> None:
+        self._check_inline_acting_loop(node)
+
     def visit_For(self, node: cst.For) -> None:
         if is_test_path(self.ctx.path):
             return
+        self._check_inline_acting_loop(node)
         if not any(_eval_iterable(e) for e in iterated_expressions(node.iter)):
             return
         flow = LoaderFlow.of(self.ctx.analysis)
@@ -370,6 +427,8 @@ class EvalWithoutNoGrad(Rule):
         (`.detach()`, `.cpu()`, `.numpy()`, `.item()`): acting, not training."""
         if self.ctx.analysis.hot.get(id(node)) is not HotKind.ROLLOUT and id(node) not in \
                 self.ctx.analysis.evaluation_rollout:
+            if self.ctx.analysis.hot.get(id(node)) in (HotKind.STEP_FUNCTION, HotKind.CALLEE):
+                self._check_acting_calls(node, node)  # `def step(self)`: act in the environment, then train
             return
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
             return
@@ -377,14 +436,22 @@ class EvalWithoutNoGrad(Rule):
         calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
                  and not _under_grad_mode(self.ctx, flow, c, node)]
         body = self.ctx.code(node.body)
+        if calls and _NEEDS_GRAD.search(body) and not re.search(r"\blog_prob", body):
+            self._check_acting_calls(node, node)  # acting and training in one function: judge each call
+            return
         if not calls or _NEEDS_GRAD.search(body) or re.search(r"\blog_prob", body):
             return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
-        if not _DATA_USE.search(body) and not _outputs_consumed_here(node, calls):
+        key = self.ctx.analysis.function_key.get(id(node), node.name.value)
+        readers = self._host_readers(key)  # `to_np(q)`: a program helper reading its argument back to the host
+        if readers:
+            calls = [c for c in calls if _read_back(node, c, readers)]
+            if not calls:
+                return
+        elif not _DATA_USE.search(body) and not _outputs_consumed_here(node, calls):
             return  # outputs may leave the function with their graph (returned, stored) and be trained on
         if self._called_under_no_grad(node.name.value):
             return
-        returns_graph = _returns_graph(node, calls)
-        key = self.ctx.analysis.function_key.get(id(node), node.name.value)
+        returns_graph = _returns_graph(node, calls) and not readers
         if returns_graph and f"{key}#returns-trained" in self.ctx.analysis.program_keys:
             return  # `loss = self.compute_loss(...)` then backpropagated by its caller: training, not acting
         self._reported_functions.add(id(node))
@@ -403,7 +470,56 @@ class EvalWithoutNoGrad(Rule):
                         replacements=fix if index == 0 else (), imports=imports if index == 0 else (),
                         safety=Safety.UNSAFE, note=note)
 
+    # -- acting inside training code -----------------------------------------------------------------
+
+    def _check_inline_acting_loop(self, loop: cst.For | cst.While) -> None:
+        """The outermost step or rollout loop written inline (not in a function the call graph judges): a DQN
+        loop picks an action with the network, steps the environment, then trains, all in one body."""
+        function = self.ctx.enclosing(cst.FunctionDef)
+        if is_test_path(self.ctx.path) or isinstance(function, cst.FunctionDef) and self.ctx.analysis.hot.get(
+                id(function)) in (HotKind.STEP_FUNCTION, HotKind.CALLEE, HotKind.ROLLOUT):
+            return  # a hot function is judged as a whole (`_check_rollout_function`)
+        inside = self.ctx.ancestors[next((i for i, n in enumerate(self.ctx.ancestors) if n is function), 0):-1]
+        if self.ctx.analysis.hot.get(id(loop)) not in (HotKind.STEP_LOOP, HotKind.ROLLOUT) or any(
+                self.ctx.analysis.hot.get(id(n)) in (HotKind.STEP_LOOP, HotKind.ROLLOUT)
+                for n in inside if isinstance(n, (cst.For, cst.While))):
+            return
+        self._check_acting_calls(loop, function if isinstance(function, cst.FunctionDef) else None)
+
+    def _check_acting_calls(self, region: cst.FunctionDef | cst.For | cst.While,
+                            function: cst.FunctionDef | None) -> None:
+        """Network calls of a region that also trains (or steps an environment) whose outputs are only read as
+        data (`.cpu().numpy()`, `.item()`, a host-reading helper, the environment's `step`) before being
+        replaced: the action was picked with autograd recording. Each is reported with its statement wrapped
+        in `torch.no_grad()`."""
+        if not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func)) for n in walk(region.body)):
+            return  # acting means stepping an environment or game here
+        flow = LoaderFlow.of(self.ctx.analysis)
+        key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function),
+                                                                                     function.name.value)
+        readers = self._host_readers(key)
+        for call in self._model_calls(region.body):
+            if self._frozen_model(call) or _under_grad_mode(self.ctx, flow, call, function):
+                continue
+            if isinstance(call.func, cst.Attribute) and self.ctx.evidence.is_module(call.func.value) is None and \
+                    self._method_records(call.func.attr.value):
+                continue  # `agent.select_action(obs)`: a program method of a non-network, judged inside it
+            statement = _assigning_statement(region, call)
+            if statement is not None and _only_read_as_data(region, statement, readers):
+                spelled, imports = self.ctx.spell("torch.no_grad")
+                wrapped = cst.With(items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
+                                   body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
+                                   leading_lines=statement.leading_lines)
+                self.report(call, "The network picks an action with autograd recording on every environment step; "
+                                  "its outputs are only read as data: run the call under `torch.no_grad()`",
+                            replacements=[(statement, wrapped)], imports=imports, safety=Safety.UNSAFE)
+
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _host_readers(self, key: str) -> frozenset[str]:
+        """Names of program helpers the function calls that read their argument back to the host (`to_np`)."""
+        prefix = f"{key}#downloads:"
+        return frozenset(k[len(prefix):] for k in self.ctx.analysis.program_keys if k.startswith(prefix))
 
     def _model_calls(self, root: cst.CSTNode):
         """`model(x)`, `self.net(x)`, and forward-like methods with an input: `agent.get_action_and_value(obs)`."""
@@ -420,7 +536,9 @@ class EvalWithoutNoGrad(Rule):
                     func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None:
                 yield node  # a network held by another object: `agent.prediction_model(state)`
                 continue
-            if isinstance(func, cst.Attribute) and func.attr.value not in _NOT_FORWARD and \
+            sampling_network = isinstance(func, cst.Attribute) and func.attr.value == "sample" and \
+                self.ctx.evidence.is_module(func.value) is not None  # `self.policy.sample(state)`: a network's method
+            if isinstance(func, cst.Attribute) and (func.attr.value not in _NOT_FORWARD or sampling_network) and \
                     not func.attr.value.startswith(("register_", "named_", "load_", "set_", "_")) and \
                     any(a.keyword is None for a in node.args):
                 receiver = func.value
@@ -532,6 +650,86 @@ class EvalWithoutNoGrad(Rule):
                 if _inside_no_grad_block(lines, line_no):
                     return True
         return False
+
+
+def _assigning_statement(region: cst.CSTNode, call: cst.Call) -> cst.SimpleStatementLine | None:
+    """The line `out = net(x)` / `a, b, c = agent.act(x)` / `q = net(x)["q"]` that binds the call's result."""
+    for node in walk(region):
+        if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
+            value = node.body[0].value
+            if value is call or isinstance(value, cst.Subscript) and value.value is call:
+                return node
+    return None
+
+
+def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, readers: frozenset[str]) -> bool:
+    """In source order after `defining`, every use of the names it binds (and of values computed from them) reads
+    them as data or hands them to the environment, until they are rebound; at least one such read exists."""
+    assign = defining.body[0]
+    assert isinstance(assign, cst.Assign)
+    alive = set().union(*(names_in(t.target) for t in assign.targets))
+    reads, started = 0, False
+    for node in walk(region.body if hasattr(region, "body") else region):
+        if node is defining:
+            started = True
+            continue
+        if not started or not alive:
+            continue
+        if isinstance(node, (cst.If, cst.While)):
+            unit: cst.CSTNode = node.test
+        elif isinstance(node, cst.For):
+            unit = node.iter
+        elif isinstance(node, cst.SimpleStatementLine):
+            unit = node
+        else:
+            continue
+        targets: set[str] = set()
+        for small in getattr(unit, "body", ()):
+            if isinstance(small, cst.Assign):
+                targets |= set().union(*(names_in(t.target) for t in small.targets))
+        used = names_in(unit) - targets if targets else names_in(unit)
+        values = [small.value for small in getattr(unit, "body", ()) if isinstance(small, cst.Assign)]
+        used |= set().union(*(names_in(v) for v in values)) if values else set()
+        if not used & alive:
+            alive -= targets  # rebound to something else
+            continue
+        if used & alive <= _names_read_on_host(unit, readers):
+            reads += 1
+            alive -= targets  # host data now
+            continue
+        if values and isinstance(unit, cst.SimpleStatementLine) and len(unit.body) == 1:
+            alive |= targets  # a value computed from the output: follow it
+            continue
+        return False  # used otherwise: kept, returned, branched on, trained on
+    return reads > 0
+
+
+def _names_read_on_host(unit: cst.CSTNode, readers: frozenset[str]) -> set[str]:
+    """Names whose values this statement reads back to the host: inside what `.cpu()`, `.numpy()`, `.item()` or
+    `.tolist()` is called on, or passed to a host-reading helper of the program or to an environment's step."""
+    read: set[str] = set()
+    for node in walk(unit):
+        if not isinstance(node, cst.Call) or not isinstance(node.func, (cst.Name, cst.Attribute)):
+            continue
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cpu", "numpy", "item", "tolist"):
+            read |= names_in(node.func.value)
+        elif (node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value) in readers \
+                or is_env_step(dotted_name(node.func)):
+            read |= set().union(*(names_in(arg.value) for arg in node.args)) if node.args else set()
+    return read
+
+
+def _read_back(function: cst.FunctionDef, call: cst.Call, readers: frozenset[str]) -> bool:
+    """Does the network output (or a value computed from it) reach a helper that reads it back to the host
+    (`to_np(q.argmax(-1))`)? Then it is used as data there."""
+    outputs = _derived_from(function, [call])
+    for node in walk(function.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute)) and (
+                node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value) in readers:
+            if any(names_in(arg.value) & outputs or any(inner is call for inner in walk(arg.value))
+                   for arg in node.args):
+                return True
+    return False
 
 
 def _derived_from(function: cst.FunctionDef, calls: list[cst.Call]) -> frozenset[str]:

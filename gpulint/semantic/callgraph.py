@@ -103,6 +103,7 @@ class FunctionSummary:
     # `fabric.backward(loss)` argument, the operands of `loss = a + b` that is)
     operands: dict[str, set[str]] = field(default_factory=dict)  # `loss = pi_loss + v_loss`: name -> operand names
     uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
+    downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
 
 
 @dataclass
@@ -393,6 +394,7 @@ class _Summariser:
             if vocab.last_part(_dotted(target)) == "compile":
                 summary.seed = Frequency.PER_STEP
         summary.uploads = _uploads_parameter(node, set(params) - {"self", "cls"})
+        summary.downloads = _downloads_parameter(node, set(params) - {"self", "cls"})
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
 
@@ -463,6 +465,22 @@ def _uploads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set
             returned.append(statement.value)
     return bool(returned) and any(_is_upload(value, params) or isinstance(value, ast.Name) and value.id in uploaded
                                   for value in returned)
+
+
+def _downloads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
+    """A helper such as `def to_np(t): return t.cpu().detach().numpy()`: it returns one of its parameters read back
+    to the host (`.cpu()`, `.numpy()`, `.item()`, `.tolist()` on it), so its callers use a value as data."""
+    for statement in ast.walk(node):
+        if not isinstance(statement, ast.Return) or not isinstance(statement.value, ast.Call):
+            continue
+        value: ast.expr = statement.value
+        reads = False
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            reads |= value.func.attr in ("cpu", "numpy", "item", "tolist")
+            value = value.func.value
+        if reads and isinstance(value, ast.Name) and value.id in params:
+            return True
+    return False
 
 
 def _is_upload(value: ast.expr, params: set[str]) -> bool:
@@ -631,8 +649,8 @@ class CallGraph:
         return []
 
     def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
-        """`self.pick_action(state)` in a base class that does not define it: the subclasses' definitions (a
-        template method: `Base_Agent.step` calls what `DQN` or `PPO` provides)."""
+        """`self.pick_action(state)` in a base class: the subclasses' definitions (a template method:
+        `Base_Agent.step` calls what `DQN` or `PPO` provides, whether or not the base defines a default)."""
         found = []
         for name, places in self._classes.items():
             if name == class_name:
@@ -679,7 +697,10 @@ class CallGraph:
         if kind == "self":
             if fn.class_name is None:
                 return []
-            return self._method(path, fn.class_name, target[1]) or self._overrides(fn.class_name, target[1])
+            # the class's own definition (or an inherited one) and, as the object may be a subclass, its overrides:
+            # `BaseActor.step` calling `self._transition()` runs `DQNActor._transition` for a DQN actor
+            found = self._method(path, fn.class_name, target[1])
+            return found + [o for o in self._overrides(fn.class_name, target[1]) if o not in found]
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
             return self._env_methods()
@@ -1079,7 +1100,8 @@ class CallGraph:
         program calls only now and then gets `<function key>#rare`, one called per step of such a function's
         rollout (an evaluation episode) `<function key>#rare-rollout`, and one that trains when called (itself or
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
-        A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`."""
+        A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
+        that calls a helper reading its argument back to the host `<function key>#downloads:<name>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1108,11 +1130,14 @@ class CallGraph:
                 found.setdefault(path, {})["<module>#trains"] = Frequency.PER_STEP
         for path, markers in self._loader_markers().items():
             found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
-        for path, summary in self.files.items():  # `tensor(batch.state)` with `tensor` an uploading helper
+        for path, summary in self.files.items():  # `tensor(batch.state)`, `to_np(q)`: uploading / reading helpers
             for fn in summary.functions.values():
                 for site in fn.sites:
-                    if any(self.files[p].functions[k].uploads for p, k in self.resolve(path, fn, site.target)):
+                    callees = [self.files[p].functions[k] for p, k in self.resolve(path, fn, site.target)]
+                    if any(callee.uploads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
+                    if any(callee.downloads for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:

@@ -10,7 +10,7 @@ import re
 
 OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
 # receivers of `.step(...)` that are host-side simulators or games: one call per environment step / move
-ENV_RECEIVER = re.compile(r"env|game|board", re.I)
+ENV_RECEIVER = re.compile(r"env|game|board|(^|[._])tasks?$", re.I)  # `self._task.step(a)`: an environment called a task
 ENV_METHODS = frozenset({"step", "play", "make_move", "play_move", "do_move", "execute_move", "apply_action",
                          "getNextState", "get_next_state", "next_state"})
 # classes whose step methods an environment step runs: `class VecPyTorch(VecEnvWrapper)`, `class Game`
