@@ -353,6 +353,21 @@ class HostSyncInHotLoop(Rule):
             train(fabric, model, optimizer, fabric.setup_dataloaders(loader))
             """
         ),
+        Invalid(  # the update runs every 4 environment steps: that branch is the training step, not a log interval
+            """
+            import torch
+            log_alpha = torch.zeros(1, requires_grad=True, device="cuda")
+            for global_step in range(1_000_000):
+                obs, reward, done, info = env.step(policy.act(obs))
+                if global_step % 4 == 0:
+                    loss = critic_loss(buffer.sample(64))
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    alpha = log_alpha.exp().item()
+            """,
+            count=1,
+        ),
         Invalid(  # an action sampled from a distribution over a network's output, read back every move
             """
             import torch

@@ -12,6 +12,7 @@ import libcst as cst
 from gpulint import Device
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, every_n_steps, method_name, walk
 from gpulint.rule import RuleContext
+from gpulint.semantic import vocab
 
 NONTENSOR = "nontensor"  # Python numbers, strings, NumPy arrays, containers: never a GPU sync
 HOST = "host"  # a torch tensor on the CPU
@@ -716,7 +717,8 @@ def last_name(node: cst.BaseExpression) -> str | None:
 
 def amortised(ctx: RuleContext) -> bool:
     """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
-    region (or the function) that contains it? Such code runs once every N steps. So is a memoising branch
+    region (or the function) that contains it, and that does not train itself? Such code runs once every N steps
+    (a branch that runs the update every N environment steps is the training step). So is a memoising branch
     (`if key not in cache:`), a branch that breaks out of the step loop, and a `@lru_cache` function."""
     ancestors = ctx.ancestors
     hot = ctx.analysis.hot
@@ -729,8 +731,8 @@ def amortised(ctx: RuleContext) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
             return False
         if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
-            if every_n_steps(ctx.analysis, node.test):
-                return True
+            if every_n_steps(ctx.analysis, node.test) and not _trains(node.body):
+                return True  # (a branch that trains, `if step % train_freq == 0: ...; loss.backward()`, is the step)
             if isinstance(node.test, cst.Comparison) and any(isinstance(c.operator, cst.NotIn)
                                                               for c in node.test.comparisons):
                 return True  # `if key not in cache: cache[key] = ...`: once per key
@@ -743,6 +745,11 @@ def amortised(ctx: RuleContext) -> bool:
 
 
 _MEMOISING = {"lru_cache", "cache", "cached_property", "memoize", "memoized"}
+
+
+def _trains(block: cst.CSTNode) -> bool:
+    """Does the block run a training step (`loss.backward()`, `optimizer.step()`) itself?"""
+    return any(isinstance(n, cst.Call) and vocab.is_training_step_call(dotted_name(n.func)) for n in walk(block))
 
 
 def after_init_once_guard(ctx: RuleContext) -> bool:
