@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
+from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
 from gpulint.semantic.dataflow import flow_from, names_in
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
@@ -317,6 +317,22 @@ class EvalWithoutNoGrad(Rule):
             """,
             count=1,
         ),
+        Valid(  # the value computed late in the loop is trained on at the top of the next iteration
+            """
+            import torch
+
+            next_value = torch.zeros(1, device="cuda")
+            for step in range(100000):
+                loss = (reward + 0.99 * next_value - value_net(obs_t)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                obs, reward, done, info = env.step(env.sample_action())
+                obs_t = torch.as_tensor(obs, device="cuda")
+                next_value = value_net(obs_t)
+                print(next_value.item())
+            """
+        ),
         Valid(  # the acting outputs are kept for the update (an actor-critic's log-probabilities and values)
             """
             import torch
@@ -494,6 +510,9 @@ class EvalWithoutNoGrad(Rule):
         in `torch.no_grad()`."""
         if not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func)) for n in walk(region.body)):
             return  # acting means stepping an environment or game here
+        if function is not None and (_decorated_no_grad(self.ctx, function)
+                                     or self._called_under_no_grad(function.name.value)):
+            return  # every call of the function already runs without grad
         flow = LoaderFlow.of(self.ctx.analysis)
         key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function),
                                                                                      function.name.value)
@@ -667,7 +686,9 @@ def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, r
     them as data or hands them to the environment, until they are rebound; at least one such read exists."""
     assign = defining.body[0]
     assert isinstance(assign, cst.Assign)
-    alive = set().union(*(names_in(t.target) for t in assign.targets))
+    alive = set().union(*(names_in(t.target) for t in assign.targets)) - {"_"}  # `a, _, _ = ...`: `_` is discarded
+    if _used_earlier_in_its_loop(region, defining, alive):
+        return False  # read at the top of the next iteration (`loss = ... value ...` before `value = net(s2)`)
     reads, started = 0, False
     for node in walk(region.body if hasattr(region, "body") else region):
         if node is defining:
@@ -702,6 +723,32 @@ def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, r
             continue
         return False  # used otherwise: kept, returned, branched on, trained on
     return reads > 0
+
+
+def _used_earlier_in_its_loop(region: cst.CSTNode, defining: cst.SimpleStatementLine, names: set[str]) -> bool:
+    """Is one of `names` read, in the loop that runs `defining` (or in `region` when it is that loop), by a
+    statement before it? That statement sees the previous iteration's value."""
+    parents: dict[int, cst.CSTNode] = {}
+    for node in walk(region):
+        for child in child_nodes(node):
+            parents[id(child)] = node
+    loop: cst.CSTNode | None = defining
+    while loop is not None and not isinstance(loop, (cst.For, cst.While)):
+        loop = parents.get(id(loop))
+    if loop is None:
+        return False
+    for node in walk(loop.body):
+        if node is defining:
+            return False
+        if isinstance(node, cst.SimpleStatementLine):
+            bound = set().union(*(names_in(t.target) for small in node.body if isinstance(small, cst.Assign)
+                                  for t in small.targets)) if any(isinstance(small, cst.Assign)
+                                                                  for small in node.body) else set()
+            if (names_in(node) - bound) & names:
+                return True
+        elif isinstance(node, (cst.If, cst.While)) and names_in(node.test) & names:
+            return True
+    return False
 
 
 def _names_read_on_host(unit: cst.CSTNode, readers: frozenset[str]) -> set[str]:
