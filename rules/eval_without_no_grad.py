@@ -510,28 +510,29 @@ class EvalWithoutNoGrad(Rule):
         in `torch.no_grad()`."""
         if not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func)) for n in walk(region.body)):
             return  # acting means stepping an environment or game here
-        if function is not None and (_decorated_no_grad(self.ctx, function)
-                                     or self._called_under_no_grad(function.name.value)):
-            return  # every call of the function already runs without grad
         flow = LoaderFlow.of(self.ctx.analysis)
         key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function),
                                                                                      function.name.value)
         readers = self._host_readers(key)
         for call in self._model_calls(region.body):
-            if self._frozen_model(call) or _under_grad_mode(self.ctx, flow, call, function):
+            if _under_grad_mode(self.ctx, flow, call, function):
                 continue
             if isinstance(call.func, cst.Attribute) and self.ctx.evidence.is_module(call.func.value) is None and \
                     self._method_records(call.func.attr.value):
                 continue  # `agent.select_action(obs)`: a program method of a non-network, judged inside it
             statement = _assigning_statement(region, call)
-            if statement is not None and _only_read_as_data(region, statement, readers):
-                spelled, imports = self.ctx.spell("torch.no_grad")
-                wrapped = cst.With(items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
-                                   body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
-                                   leading_lines=statement.leading_lines)
-                self.report(call, "The network picks an action with autograd recording on every environment step; "
-                                  "its outputs are only read as data: run the call under `torch.no_grad()`",
-                            replacements=[(statement, wrapped)], imports=imports, safety=Safety.UNSAFE)
+            if statement is None or not _only_read_as_data(region, statement, readers) or self._frozen_model(call):
+                continue
+            if function is not None and (_decorated_no_grad(self.ctx, function)
+                                         or self._called_under_no_grad(function.name.value)):
+                return  # every call of the function already runs without grad
+            spelled, imports = self.ctx.spell("torch.no_grad")
+            wrapped = cst.With(items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
+                               body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
+                               leading_lines=statement.leading_lines)
+            self.report(call, "The network picks an action with autograd recording on every environment step; "
+                              "its outputs are only read as data: run the call under `torch.no_grad()`",
+                        replacements=[(statement, wrapped)], imports=imports, safety=Safety.UNSAFE)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -654,6 +655,12 @@ class EvalWithoutNoGrad(Rule):
 
     def _called_under_no_grad(self, name: str) -> bool:
         """Some call site of `name` in the program runs under no_grad / inference_mode (or wraps it)."""
+        cache = self.__dict__.setdefault("_under_no_grad", {})
+        if name not in cache:
+            cache[name] = self._search_no_grad_callers(name)
+        return cache[name]
+
+    def _search_no_grad_callers(self, name: str) -> bool:
         wrapped = re.compile(r"(no_grad|inference_mode)\(\)\(\s*(\w+\.)*" + re.escape(name) + r"\b")
         call = re.compile(r"^([ \t]*).*\b" + re.escape(name) + r"\s*\(", re.M)
         for path, text in self.ctx.program.sources.items():

@@ -393,8 +393,12 @@ class _Summariser:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if vocab.last_part(_dotted(target)) == "compile":
                 summary.seed = Frequency.PER_STEP
-        summary.uploads = _uploads_parameter(node, set(params) - {"self", "cls"})
-        summary.downloads = _downloads_parameter(node, set(params) - {"self", "cls"})
+        data_params = set(params) - {"self", "cls"}
+        if data_params:
+            returns, assigns = _returns_and_assigns(node)
+            if returns:
+                summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
+                summary.downloads = _downloads_parameter(data_params, returns)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
 
@@ -448,7 +452,26 @@ _HOST_CONSTRUCTORS = frozenset({"from_numpy", "tensor", "as_tensor", "asarray", 
                                 "DoubleTensor", "IntTensor", "BoolTensor", "ByteTensor"})
 
 
-def _uploads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
+def _returns_and_assigns(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[ast.expr], list[ast.Assign]]:
+    """The values the function returns and its assignments, its nested definitions left out."""
+    returns: list[ast.expr] = []
+    assigns: list[ast.Assign] = []
+    pending: list[ast.stmt] = list(node.body)
+    while pending:  # statements only (no expressions, no nested definitions): cheap on every function
+        statement = pending.pop()
+        if isinstance(statement, ast.Return) and statement.value is not None:
+            returns.append(statement.value)
+        elif isinstance(statement, ast.Assign):
+            assigns.append(statement)
+        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(statement, field, ()):
+                    pending.extend(child.body if isinstance(child, (ast.ExceptHandler, ast.match_case)) else [child])
+    return returns, assigns
+
+
+def _uploads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str], returned: list[ast.expr],
+                       assigns: list[ast.Assign]) -> bool:
     """A helper such as `def tensor(x): return torch.from_numpy(np.asarray(x)).to(DEVICE)`: what it returns is one of
     its parameters turned into a tensor on the host and moved to a device (`.to(...)` / `.cuda()`, or `device=`), so
     every call of it is a host-to-device copy of the caller's data. A function that uploads its input only to use it
@@ -456,24 +479,14 @@ def _uploads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set
     if any(vocab.last_part(_dotted(d.func if isinstance(d, ast.Call) else d)) in ("lru_cache", "cache", "cached")
            for d in node.decorator_list):
         return False  # memoised: one copy per distinct argument
-    uploaded: set[str] = set()  # names bound to an upload
-    returned: list[ast.expr] = []
-    for statement in ast.walk(node):
-        if isinstance(statement, ast.Assign) and _is_upload(statement.value, params):
-            uploaded.update(t.id for t in statement.targets if isinstance(t, ast.Name))
-        elif isinstance(statement, ast.Return) and statement.value is not None:
-            returned.append(statement.value)
-    return bool(returned) and any(_is_upload(value, params) or isinstance(value, ast.Name) and value.id in uploaded
-                                  for value in returned)
+    uploaded = {t.id for a in assigns if _is_upload(a.value, params) for t in a.targets if isinstance(t, ast.Name)}
+    return any(_is_upload(value, params) or isinstance(value, ast.Name) and value.id in uploaded for value in returned)
 
 
-def _downloads_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
+def _downloads_parameter(params: set[str], returned: list[ast.expr]) -> bool:
     """A helper such as `def to_np(t): return t.cpu().detach().numpy()`: it returns one of its parameters read back
     to the host (`.cpu()`, `.numpy()`, `.item()`, `.tolist()` on it), so its callers use a value as data."""
-    for statement in ast.walk(node):
-        if not isinstance(statement, ast.Return) or not isinstance(statement.value, ast.Call):
-            continue
-        value: ast.expr = statement.value
+    for value in returned:
         reads = False
         while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
             reads |= value.func.attr in ("cpu", "numpy", "item", "tolist")
@@ -565,6 +578,7 @@ class CallGraph:
             for name in summary.classes:
                 self._classes.setdefault(name, []).append((path, name))
         self.frequency: dict[tuple[str, str], Frequency] = {}
+        self._override_cache: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._resolved: dict[tuple[str, str, tuple[str, ...]], list[tuple[str, str]]] = {}
         self._env_steps = [(path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
                            if fn.class_name and fn.name in vocab.ENV_STEP_METHODS
@@ -651,6 +665,12 @@ class CallGraph:
     def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
         """`self.pick_action(state)` in a base class: the subclasses' definitions (a template method:
         `Base_Agent.step` calls what `DQN` or `PPO` provides, whether or not the base defines a default)."""
+        key = (class_name, method)
+        if key not in self._override_cache:
+            self._override_cache[key] = self._find_overrides(class_name, method)
+        return self._override_cache[key]
+
+    def _find_overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
         found = []
         for name, places in self._classes.items():
             if name == class_name:
