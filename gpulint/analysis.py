@@ -400,6 +400,11 @@ class FileAnalysis:
     def call_qualname(self, call: cst.Call) -> str | None:
         return self.qualname(call.func)
 
+    def key_of(self, function: cst.FunctionDef | None) -> str:
+        """The call graph's key of a function of this file (`"<module>"` for top-level code): the prefix of the
+        program markers about it (`train#trains`, `step#uploads:tensor`)."""
+        return "<module>" if function is None else self.function_key.get(id(function), function.name.value)
+
     def local_name_for(self, qualified: str) -> str | None:
         """How this file spells `qualified` (e.g. `torch` -> `t`), if it is imported."""
         best: str | None = None

@@ -609,20 +609,24 @@ def _import_edit(request: ImportRequest, module: cst.Module, analysis: FileAnaly
                  newline: str) -> Edit:
     """Insert `import x` after the last top-level import, else after the docstring / __future__ lines."""
     if analysis.import_nodes:
-        _, end = _position(positions, analysis.import_nodes[-1])
-        where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+        where = _line_after(positions, analysis.import_nodes[-1])
     else:
         where = Position(1, 1)
         for statement in module.body:
             if _is_docstring_or_future(statement):
-                _, end = _position(positions, statement)
-                where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+                where = _line_after(positions, statement)
             else:
                 break
         if where == Position(1, 1) and module.body:
             start, _ = _position(positions, module.body[0])
             where = Position(start.line, 1)
     return Edit(where, where, request.statement() + newline)
+
+
+def _line_after(positions: Any, statement: cst.CSTNode) -> Position:
+    """The start of the line below a statement: where text inserted after it goes."""
+    _, end = _position(positions, statement)
+    return Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
 
 
 def _definition_anchor(module: cst.Module, analysis: FileAnalysis) -> cst.CSTNode | None:
@@ -652,10 +656,9 @@ def _definition_edit(request: DefinitionRequest, module: cst.Module, analysis: F
         if not blank:
             code = "\n\n" + code
     else:
-        _, end = _position(positions, module.body[-1])
-        where = Position(end.line, 1) if end.col == 1 else Position(end.line + 1, 1)
+        where = _line_after(positions, module.body[-1])
         code = "\n\n" + request.code + "\n"
-    return Edit(where, where, code.replace("\n", newline) if newline != "\n" else code)
+    return Edit(where, where, code.replace("\n", newline))
 
 
 def _is_docstring_or_future(statement: cst.CSTNode) -> bool:

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, method_name, string_value, walk
+from gpulint.analysis import FileAnalysis, PerFileFacts, dotted_name, method_name, string_value, walk
 from gpulint.rule import is_test_path
 from gpulint.semantic.dataflow import flow_from, names_in
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
@@ -457,7 +457,7 @@ class EvalWithoutNoGrad(Rule):
             return
         if not calls or _NEEDS_GRAD.search(body) or re.search(r"\blog_prob", body):
             return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
-        key = self.ctx.analysis.function_key.get(id(node), node.name.value)
+        key = self.ctx.analysis.key_of(node)
         readers = self._host_readers(key)  # `to_np(q)`: a program helper reading its argument back to the host
         if readers:
             calls = [c for c in calls if _read_back(node, c, readers)]
@@ -511,8 +511,7 @@ class EvalWithoutNoGrad(Rule):
         if not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func)) for n in walk(region.body)):
             return  # acting means stepping an environment or game here
         flow = LoaderFlow.of(self.ctx.analysis)
-        key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function),
-                                                                                     function.name.value)
+        key = self.ctx.analysis.key_of(function)
         readers = self._host_readers(key)
         for call in self._model_calls(region.body):
             if _under_grad_mode(self.ctx, flow, call, function):
@@ -521,7 +520,8 @@ class EvalWithoutNoGrad(Rule):
                     self._method_records(call.func.attr.value):
                 continue  # `agent.select_action(obs)`: a program method of a non-network, judged inside it
             statement = _assigning_statement(region, call)
-            if statement is None or not _only_read_as_data(region, statement, readers) or self._frozen_model(call):
+            if statement is None or not _only_read_as_data(flow, region, statement, readers) \
+                    or self._frozen_model(call):
                 continue
             if function is not None and (_decorated_no_grad(self.ctx, function)
                                          or self._called_under_no_grad(function.name.value)):
@@ -688,16 +688,17 @@ def _assigning_statement(region: cst.CSTNode, call: cst.Call) -> cst.SimpleState
     return None
 
 
-def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, readers: frozenset[str]) -> bool:
+def _only_read_as_data(flow: LoaderFlow, region: cst.CSTNode, defining: cst.SimpleStatementLine,
+                       readers: frozenset[str]) -> bool:
     """In source order after `defining`, every use of the names it binds (and of values computed from them) reads
     them as data or hands them to the environment, until they are rebound; at least one such read exists."""
     assign = defining.body[0]
     assert isinstance(assign, cst.Assign)
-    alive = set().union(*(names_in(t.target) for t in assign.targets)) - {"_"}  # `a, _, _ = ...`: `_` is discarded
-    if _used_earlier_in_its_loop(region, defining, alive):
+    alive = _bound_by([assign]) - {"_"}  # `a, _, _ = ...`: `_` is discarded
+    if _used_earlier_in_its_loop(flow, defining, alive):
         return False  # read at the top of the next iteration (`loss = ... value ...` before `value = net(s2)`)
     reads, started = 0, False
-    for node in walk(region.body if hasattr(region, "body") else region):
+    for node in walk(region.body):
         if node is defining:
             started = True
             continue
@@ -711,13 +712,9 @@ def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, r
             unit = node
         else:
             continue
-        targets: set[str] = set()
-        for small in getattr(unit, "body", ()):
-            if isinstance(small, cst.Assign):
-                targets |= set().union(*(names_in(t.target) for t in small.targets))
-        used = names_in(unit) - targets if targets else names_in(unit)
-        values = [small.value for small in getattr(unit, "body", ()) if isinstance(small, cst.Assign)]
-        used |= set().union(*(names_in(v) for v in values)) if values else set()
+        assigns = [small for small in getattr(unit, "body", ()) if isinstance(small, cst.Assign)]
+        targets = _bound_by(assigns)
+        used = (names_in(unit) - targets).union(*(names_in(a.value) for a in assigns))
         if not used & alive:
             alive -= targets  # rebound to something else
             continue
@@ -725,37 +722,39 @@ def _only_read_as_data(region: cst.CSTNode, defining: cst.SimpleStatementLine, r
             reads += 1
             alive -= targets  # host data now
             continue
-        if values and isinstance(unit, cst.SimpleStatementLine) and len(unit.body) == 1:
+        if assigns and isinstance(unit, cst.SimpleStatementLine) and len(unit.body) == 1:
             alive |= targets  # a value computed from the output: follow it
             continue
         return False  # used otherwise: kept, returned, branched on, trained on
     return reads > 0
 
 
-def _used_earlier_in_its_loop(region: cst.CSTNode, defining: cst.SimpleStatementLine, names: set[str]) -> bool:
-    """Is one of `names` read, in the loop that runs `defining` (or in `region` when it is that loop), by a
-    statement before it? That statement sees the previous iteration's value."""
-    parents: dict[int, cst.CSTNode] = {}
-    for node in walk(region):
-        for child in child_nodes(node):
-            parents[id(child)] = node
-    loop: cst.CSTNode | None = defining
-    while loop is not None and not isinstance(loop, (cst.For, cst.While)):
-        loop = parents.get(id(loop))
+def _used_earlier_in_its_loop(flow: LoaderFlow, defining: cst.SimpleStatementLine, names: set[str]) -> bool:
+    """Is one of `names` read, in the innermost loop that runs `defining` (within its function), by a statement
+    before it? That statement sees the previous iteration's value."""
+    loop = None
+    for node in reversed(flow.ancestors(defining)):
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            break
+        if isinstance(node, (cst.For, cst.While)):
+            loop = node
+            break
     if loop is None:
         return False
     for node in walk(loop.body):
         if node is defining:
             return False
         if isinstance(node, cst.SimpleStatementLine):
-            bound = set().union(*(names_in(t.target) for small in node.body if isinstance(small, cst.Assign)
-                                  for t in small.targets)) if any(isinstance(small, cst.Assign)
-                                                                  for small in node.body) else set()
-            if (names_in(node) - bound) & names:
+            if (names_in(node) - _bound_by([s for s in node.body if isinstance(s, cst.Assign)])) & names:
                 return True
         elif isinstance(node, (cst.If, cst.While)) and names_in(node.test) & names:
             return True
     return False
+
+
+def _bound_by(assigns: list[cst.Assign]) -> set[str]:
+    """Names the assignments bind (`a, b = ...`, `x = y = ...`)."""
+    return set().union(*(names_in(t.target) for a in assigns for t in a.targets))
 
 
 def _names_read_on_host(unit: cst.CSTNode, readers: frozenset[str]) -> set[str]:

@@ -284,6 +284,9 @@ class HostDataToDevicePerStep(Rule):
         super().__init__(ctx)
         self._enabled = ctx.targets_cuda()
         self._constructs = self._enabled and any(text in current_text(ctx) for text in self.constructors)
+        # names of uploading helpers this file calls (`step#uploads:tensor` -> `tensor`): usually none
+        self._uploaders = {key.rsplit("#uploads:", 1)[1] for key in ctx.analysis.program_keys
+                           if "#uploads:" in key} if self._enabled else set()
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self._enabled or any(arg.star for arg in node.args):
@@ -349,10 +352,10 @@ class HostDataToDevicePerStep(Rule):
         func = node.func
         called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
             else None
-        if called is None or not node.args or node.args[0].keyword is not None:
+        if called not in self._uploaders or not node.args or node.args[0].keyword is not None:
             return False
         function = self.ctx.enclosing(cst.FunctionDef)
-        key = "<module>" if function is None else self.ctx.analysis.function_key.get(id(function), function.name.value)
+        key = self.ctx.analysis.key_of(function)
         if f"{key}#uploads:{called}" not in self.ctx.analysis.program_keys:
             return False
         if not self.ctx.in_hot_region() or amortised(self.ctx) or is_test_path(self.ctx.path):

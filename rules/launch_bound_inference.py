@@ -140,6 +140,7 @@ class LaunchBoundInference(Rule):
     safety = Safety.UNSAFE
     priority = "P1"
     fix_title = "Replay the forward from a CUDA graph"
+    triggers = ("no_grad", "inference_mode")  # the call must run without grad in its own function
     examples = [
         Valid(  # a batch of observations per call
             """

@@ -19,10 +19,13 @@ import enum
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Callable, TypeVar
 from pathlib import PurePosixPath
 
 from gpulint import legacy
 from gpulint.semantic import vocab
+
+T = TypeVar("T")
 
 MAX_DEPTH = 6  # call levels followed from a per-step site
 
@@ -587,7 +590,7 @@ class CallGraph:
         self._files_by_norm = {os.path.normpath(path.replace("\\", "/")): path for path in self.files}
         self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
         self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool, bool]]] = {}
-        self._objects_in: dict[tuple[str, str, str], set[str]] = {}
+        self._objects_in: dict[tuple[str, str, str], list[str]] = {}
         self._passed_in = self._functions_passed_in()
         self._objects_in = self._objects_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions and objects were known
@@ -736,7 +739,7 @@ class CallGraph:
             if found:
                 return found
         if receiver in fn.params:  # `def run_steps(agent): agent.step()` with callers passing `DQNAgent(config)`
-            found = [m for cls in sorted(self._objects_in.get((path, fn.key, receiver), ()))
+            found = [m for cls in self._objects_in.get((path, fn.key, receiver), ())
                      for m in self._method(path, cls, method)]
             if found:
                 return found
@@ -760,20 +763,38 @@ class CallGraph:
     def _functions_passed_in(self) -> dict[tuple[str, str, str], list[tuple[str, str]]]:
         """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
         `mcts.search(root, eval_fn=evaluate)` makes `eval_fn(obs)` inside `search` a call of `evaluate`."""
-        passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        def functions(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
+            return [(slot, found) for slot, name in site.passed for found in self._resolve(path, fn, ("name", name))]
+        return self._bound_parameters(functions)
+
+    def _objects_passed_in(self) -> dict[tuple[str, str, str], list[str]]:
+        """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
+        in the argument (`run_steps(DQNAgent(config))`) or bound to the name passed (`agent = A2CAgent(cfg)`)."""
+        def objects(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
+            built = [*site.built, *((slot, cls) for slot, name in site.passed for cls in summary.instances.get(name, ()))]
+            return [(slot, cls) for slot, cls in built if cls in self._classes]
+        return self._bound_parameters(objects)
+
+    def _bound_parameters(self, arguments: Callable[[str, FileSummary, FunctionSummary, CallSite], list[tuple[str | int, T]]]
+                          ) -> dict[tuple[str, str, str], list[T]]:
+        """(callee path, callee key, parameter) -> what call sites pass for that parameter: `arguments` names, per
+        site, the values of interest with their keyword or position."""
+        bound: dict[tuple[str, str, str], list[T]] = {}
         for path, summary in self.files.items():
             for fn in summary.functions.values():
                 for site in fn.sites:
-                    functions = {name: self._resolve(path, fn, ("name", name)) for _, name in site.passed}
-                    if not any(functions.values()):
+                    passed = arguments(path, summary, fn, site)
+                    if not passed:
                         continue
                     for callee_path, callee_key in self.resolve(path, fn, site.target):
                         params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
-                        for slot, name in site.passed:
+                        for slot, value in passed:
                             param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
-                            if isinstance(param, str) and functions[name]:
-                                passed_in.setdefault((callee_path, callee_key, param), []).extend(functions[name])
-        return passed_in
+                            if isinstance(param, str):
+                                values = bound.setdefault((callee_path, callee_key, param), [])
+                                if value not in values:
+                                    values.append(value)
+        return bound
 
     @staticmethod
     def _arguments_of(callee: FunctionSummary, site: CallSite) -> tuple[str, ...]:
@@ -781,26 +802,6 @@ class CallGraph:
         class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass `self` itself."""
         bound = callee.class_name is not None and (site.target[0] != "name" or callee.name == "__init__")
         return callee.params[1:] if bound else callee.params
-
-    def _objects_passed_in(self) -> dict[tuple[str, str, str], set[str]]:
-        """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
-        in the argument (`run_steps(DQNAgent(config))`) or bound to the name passed (`agent = A2CAgent(cfg)`)."""
-        objects: dict[tuple[str, str, str], set[str]] = {}
-        for path, summary in self.files.items():
-            for fn in summary.functions.values():
-                for site in fn.sites:
-                    classes = [(slot, cls) for slot, cls in site.built if cls in self._classes]
-                    classes += [(slot, cls) for slot, name in site.passed for cls in summary.instances.get(name, ())
-                                if cls in self._classes]
-                    if not classes:
-                        continue
-                    for callee_path, callee_key in self.resolve(path, fn, site.target):
-                        params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
-                        for slot, cls in classes:
-                            param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
-                            if isinstance(param, str):
-                                objects.setdefault((callee_path, callee_key, param), set()).add(cls)
-        return objects
 
     def _env_methods(self) -> list[tuple[str, str]]:
         """The step methods of the program's environment classes and wrappers (what `env.step(a)` runs)."""

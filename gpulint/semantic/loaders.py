@@ -374,7 +374,7 @@ class LoaderFlow(PerFileFacts):
     def _program_says(self, node: cst.CSTNode, marker: str) -> bool:
         """Whether the call graph marked the function around `node` so (`<key><marker>`)."""
         function = self.enclosing_function(node)
-        key = "<module>" if function is None else self.a.function_key.get(id(function), function.name.value)
+        key = self.a.key_of(function)
         return f"{key}{marker}" in self.a.program_keys
 
     def _returned(self, statement: cst.Return, index: int | None, carriers: _Carriers) -> None:
