@@ -53,7 +53,8 @@ class _SyncingNet(torch.nn.Module):
 
 def check_helper_edges(graph_call, device):
     """The helper's promises on CUDA: equal outputs, kept outputs not overwritten by later replays, eager
-    fallback for a forward that syncs, a new capture after the weights move or the mode changes."""
+    fallback for a forward that syncs, a new capture after the weights move, a layer or parameter is replaced or the
+    mode changes; loaded weights are read."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.5), torch.nn.Linear(64, 4)).to(device).eval()
     a, b = torch.randn(1, 16, device=device), torch.randn(1, 16, device=device)
@@ -65,12 +66,19 @@ def check_helper_edges(graph_call, device):
         assert torch.equal(graph_call(syncing, a), syncing(a)), "fallback differs from eager"
         net.cpu().to(device)  # new weight storage: the old graph would read freed memory
         assert torch.equal(graph_call(net, a), net(a)), "stale graph after the weights moved"
+        net.load_state_dict({k: v + 1 for k, v in net.state_dict().items()})  # copied into the same storage
+        assert torch.equal(graph_call(net, a), net(a)), "stale weights after load_state_dict"
+        net[2] = torch.nn.Linear(64, 4).to(device)  # a new layer (a registration the helper hears of)
+        assert torch.equal(graph_call(net, a), net(a)), "stale graph after a layer was replaced"
+        net[0]._parameters["weight"] = torch.nn.Parameter(net[0].weight * 2)  # replaced without a registration
+        assert torch.equal(graph_call(net, a), net(a)), "stale graph after a parameter was replaced"
         net.train()
         torch.manual_seed(1)
         trained = graph_call(net, a)
         assert not torch.equal(trained, first), "train mode (dropout) replayed the eval graph"
         net.eval()
-    print("helper edge checks passed: equal outputs, kept outputs intact, eager fallback, recapture on move/mode")
+    print("helper edge checks passed: equal outputs, kept outputs intact, eager fallback, loaded weights, recapture on "
+          "move/replaced layer/replaced parameter/mode")
 
 
 def play(sp, network, games, sims, device):
