@@ -74,6 +74,12 @@ _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "lo
               "randint", "randperm", "normal", "empty_strided", "tril_indices", "triu_indices", "range"}
 _LIKE_FACTORIES = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like",
                    "randint_like"}
+# Integer index arrays made on the host (what `x[idx]` copies to the device when `x` lives there)
+_INDEX_FACTORIES = {"randperm", "arange", "randint", "LongTensor", "IntTensor"}
+_NUMPY_INDEX_ARRAYS = {"arange", "permutation", "argsort", "flatnonzero"}
+_NUMPY_SIZED_DRAWS = {"choice", "randint", "integers"}  # arrays only when a size is given
+_GENERATOR_DRAWS = {"permutation", "choice", "integers"}  # `numpy.random.Generator` methods
+_RNG_NAME = re.compile(r"rng|random|generator|np_random", re.I)
 _BUILTIN_NON_TENSOR = {"len", "range", "int", "float", "bool", "str", "list", "tuple", "dict", "set", "sorted",
                        "enumerate", "zip", "round", "repr", "isinstance", "hasattr", "getattr", "type", "id",
                        "format", "abs", "divmod", "hash", "ord", "chr"}
@@ -235,6 +241,55 @@ class Placement:
                 for arg in node.args):
             return self.built_on_host(node.func.value, depth + 1, before)  # type: ignore[union-attr]
         return False
+
+    def host_index(self, node: cst.BaseExpression | None, depth: int = 0,
+                   before: int | None = None) -> tuple[str, cst.Call] | None:
+        """Is this an integer index array made on the host -- a CPU tensor (`torch.randperm(n)`, a slice of
+        one), a NumPy array (`np.random.permutation(n)`, `rng.choice(n, size)`) or a list of indices (a
+        `BatchSampler`'s batches)? Returns what it is, in words, and the call that made it."""
+        if node is None or depth > 6 or self.default_device:
+            return None
+        if isinstance(node, cst.Subscript):  # a slice of an index array is one (`perm[i:i + mb]`)
+            if all(isinstance(e.slice, cst.Slice) for e in node.slice):
+                return self.host_index(node.value, depth + 1, before)
+            return None
+        if isinstance(node, cst.Name):
+            bindings = self.reaching(node.value, before)
+            found = [self._bound_host_index(b, depth, before) for b in bindings]
+            return found[0] if found and all(found) else None
+        if not isinstance(node, cst.Call):
+            return None
+        qual = self.ctx.qualname(node.func) or ""
+        last = qual.rsplit(".", 1)[-1]
+        if qual.startswith("torch.") and qual.count(".") == 1 and call_arg(node, "device") is None:
+            if last in _INDEX_FACTORIES:
+                return "a CPU tensor", node
+            if last in ("tensor", "as_tensor", "from_numpy", "LongTensor", "IntTensor") and node.args:
+                inner = self.host_index(node.args[0].value, depth + 1, before)
+                return ("a CPU tensor", node) if inner else None
+            return None
+        if qual.startswith(("numpy.", "np.")):
+            if last in _NUMPY_INDEX_ARRAYS or last in _NUMPY_SIZED_DRAWS and (
+                    call_arg(node, "size") is not None or len([a for a in node.args if a.keyword is None]) >= 2):
+                return "a NumPy array", node
+            return None
+        method = method_name(node)
+        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+        if method in ("long", "int") and receiver is not None:
+            return self.host_index(receiver, depth + 1, before)
+        if method in _GENERATOR_DRAWS and receiver is not None and _RNG_NAME.search(dotted_name(receiver) or "") \
+                and (method != "choice" and method != "integers" or call_arg(node, "size") is not None
+                     or len([a for a in node.args if a.keyword is None]) >= 2):
+            return "a NumPy array", node
+        return None
+
+    def _bound_host_index(self, binding, depth: int, before: int | None) -> tuple[str, cst.Call] | None:  # noqa: ANN001
+        if binding.kind is BindingKind.ASSIGN:
+            return self.host_index(binding.value, depth + 1, binding.order)
+        if binding.kind is BindingKind.FOR and isinstance(binding.value, cst.Call) and not binding.path and (
+                (dotted_name(binding.value.func) or "").endswith("BatchSampler")):
+            return "a list of indices", binding.value
+        return None
 
     def _is_dtype(self, node: cst.BaseExpression) -> bool:
         qual = self.ctx.qualname(node) or ""
@@ -434,7 +489,7 @@ class Placement:
             inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
             if inner in (DEVICE, TENSOR):
                 return inner
-            return HOST if inner in (HOST, NONTENSOR) or last == "tensor" else None
+            return HOST if inner in (HOST, NONTENSOR) or last == "tensor" else TENSOR  # a tensor, wherever it was
         if last in _FACTORIES and len(parts) == 2:
             if device_arg is not None:
                 return self.device_kind(device_arg.value) or TENSOR
