@@ -35,7 +35,8 @@ class FactoryThenMove(Rule):
     """
     ## What it does
     Finds tensors created on the CPU and moved right away: `torch.zeros(n).cuda()`,
-    `torch.ones(b, d).to(device)`, `torch.randn(shape).to(device)`.
+    `torch.ones(b, d).to(device)`, `torch.randn(shape).to(device)`, or moved by indexing a GPU tensor with
+    them in the step (`pmfs[torch.arange(n), actions]`, which copies the index to the GPU and waits).
 
     ## Why is this slow
     The tensor is allocated and filled in host memory, then copied to the GPU with a blocking pageable copy
@@ -253,6 +254,33 @@ class FactoryThenMove(Rule):
             safety = Safety.UNSAFE
             note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
         self.report(node, replacement=replacement, safety=safety, note=note)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        """`gpu_tensor[torch.arange(n), y]` in the step: the index is made on the CPU and copied by the indexing."""
+        factories = [e.slice.value for e in node.slice if isinstance(e.slice, cst.Index)
+                     and isinstance(e.slice.value, cst.Call) and self._factory_kind(e.slice.value) is not None]
+        if not factories or not self.ctx.in_hot_region() or is_test_path(self.ctx.path):
+            return
+        placement = Placement(self.ctx)
+        # a tensor of unknown placement in a CUDA program's step counts: the fix reads its device, so it is
+        # right wherever the tensor lives
+        where = placement.of(node.value)
+        if placement.default_device or where != DEVICE and (where != TENSOR or not self.ctx.targets_cuda()):
+            return
+        for factory in factories:
+            if any(arg.star for arg in factory.args) or call_arg(factory, "device") is not None \
+                    or call_arg(factory, "out") is not None or call_arg(factory, "generator") is not None:
+                continue
+            message = "Index tensor created on the CPU and copied to the GPU by the indexing, every step: create it "\
+                      "on the indexed tensor's device"
+            if not isinstance(node.value, (cst.Name, cst.Attribute)):
+                self.report(factory, message)
+                continue
+            kind = self._factory_kind(factory) or ""
+            exact = kind in _EXACT or kind in _KERNEL_DEPENDENT and self._integer_range(factory, kind)
+            self.report(factory, message, replacement=add_keyword(factory, "device", cst.Attribute(
+                value=node.value, attr=cst.Name("device"))), safety=Safety.SAFE if exact else Safety.UNSAFE,
+                note=None if exact else "random or computed values may differ on the GPU")
 
     def _factory_kind(self, call: cst.Call) -> str | None:
         """`zeros` for `torch.zeros(...)`: a factory that takes `device=` (None for anything else)."""

@@ -171,6 +171,8 @@ class HostIndexOnDeviceTensor(Rule):
             if found is None:
                 continue
             kind, origin = found
+            if origin is element.slice.value and kind == "a CPU tensor":
+                continue  # `x[torch.arange(n)]`: a factory moved by the indexing, GPU015's
             statement = self.ctx.enclosing(cst.SimpleStatementLine, cst.If, cst.While, cst.For, cst.With)
             key = (id(statement), id(origin))
             if key in self._reported or placement.of(node.value) != DEVICE:
