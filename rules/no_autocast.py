@@ -9,7 +9,7 @@ from gpulint.pins import torch_pinned_below
 from gpulint.program import related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
-from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION
+from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # the script picks its device at run time: the autocast fix follows the script's device variable
@@ -57,8 +57,9 @@ class NoAutocast(Rule):
     784-500-10 MLP at batch 100, an LSTM of hidden size 1024 at 20 rows per time step); the rule offers it
     from 2.7e8 (a 256-wide transformer encoder on 4,096 rows is 1.1e9); the finding's note gives the estimate. Where no
     batch size or width is written, it falls back to widths: a literal width or width setting above 256, or
-    a torchvision/timm/transformers model. fp64 code, code with custom CUDA/Triton kernels and test files are
-    skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
+    a torchvision/timm/transformers model. fp64 code (torch.float64 in code, not in a docstring), code with
+    custom CUDA/Triton kernels, reinforcement-learning programs (importing gym, envpool, ...; small networks)
+    and test files are skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
     docs: do not call `.half()` on the model when using autocast), without a fix.
 
     ## Why is this slow
@@ -311,8 +312,9 @@ class NoAutocast(Rule):
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
                 or any(CUDA_TEXT.search(t) for t in joined)):
             return
-        if any(p.search(t) for p in (LOW_PRECISION, FP64, _CUSTOM_KERNELS, _RL) for t in joined):
-            return
+        if any(p.search(t) for p in (_CUSTOM_KERNELS, _RL) for t in joined) \
+                or any(in_code(p, t) for p in (LOW_PRECISION, FP64) for t in joined):
+            return  # low precision or fp64 in code (a comment mentioning bf16 runs nothing in bf16)
         work = work_per_step(texts)
         if work is not None:
             if not work.pays:

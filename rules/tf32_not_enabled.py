@@ -8,7 +8,7 @@ from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import program_index, related_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, training_entry_anchor
+from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code, training_entry_anchor
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -231,9 +231,9 @@ class Tf32NotEnabled(Rule):
         if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
                 or any(CUDA_TEXT.search(text) for text in joined)):
             return
-        for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64):
-            if any(pattern.search(text) for text in joined):
-                return
+        # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
+        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64) for text in joined):
+            return
         work = work_per_step(texts)
         if work is not None and not work.convolutional:
             if not work.pays:

@@ -241,3 +241,34 @@ def test_a_memoised_or_consuming_helper_is_not_an_upload_at_its_call_sites(tmp_p
         "    loss = net(batch.cuda() * window(64)).sum()\n    loss.backward()\n    optimizer.step()\n")
     found = run([str(tmp_path)], [rule_by_code("GPU013")], jobs=1).diagnostics
     assert [(d.line, d.message.startswith("Host data")) for d in found] == [(12, True)]
+
+
+LARGE_FP32_STEP = """
+import torch
+import torch.nn as nn
+{extra}
+model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 2048)).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batch_size = 4096
+for step in range(1000):
+    x = torch.randn(batch_size, 2048, device="cuda")
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(("extra", "silenced"), [
+    ("", False),
+    ("# TODO: try bf16 autocast and torch.float64 for the eval", False),  # a comment runs nothing
+    ('"""Trains in fp32; the loader yields float64 arrays."""', False),  # nor does a docstring
+    ("# torch.backends.cuda.matmul.allow_tf32 = True", False),  # commented out: TF32 stays off
+    ("torch.set_default_dtype(torch.float64)", True),
+    ("scaler = torch.cuda.amp.GradScaler()", True),
+])
+def test_precision_evidence_is_read_from_code_not_comments(tmp_path: Path, extra: str, silenced: bool):
+    (tmp_path / "train.py").write_text(LARGE_FP32_STEP.format(extra=extra))
+    rules = [rule_by_code(code) for code in ("GPU020", "GPU023")]
+    codes = {d.code for d in run([str(tmp_path)], rules, jobs=1).diagnostics}
+    assert codes == (set() if silenced else {"GPU020", "GPU023"})

@@ -1,7 +1,9 @@
 """Precision facts of a program: TF32 settings, autocast regions and their dtypes."""
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -223,10 +225,41 @@ def location(ctx, path: str, line: int) -> str:
     return f"line {line}" if path == ctx.path else f"{path}:{line}"
 
 
-# Text markers (comments included: a mention only ever makes the rules more careful).
+# Text markers; the precision rules search them in code only (`in_code`): a comment or docstring that mentions
+# bf16 or a commented-out TF32 switch changes nothing the program runs.
 LOW_PRECISION = re.compile(
     r"autocast|\.half\(|\btorch\.half\b|float16|bfloat16|\bbf16\b|\bfp16\b|mixed_precision|GradScaler|"
     r"\bapex\b|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|"
     r"\.to\(\s*dtype\s*=\s*(?!torch\.(float32|float|long|int64|int32|int|bool|uint8)\b)")  # not fp32 / integer casts
-# fp64 (`np.float64` arrays of visit counts or returns are not a float64 network)
-FP64 = re.compile(r"(?<!np\.)(?<!numpy\.)float64|\.double\(|torch\.double\b|complex128|set_default_dtype")
+# fp64 torch code (`np.float64` arrays of visit counts or returns are not a float64 network); searched in code
+# only (`in_code`): a docstring saying "float64" is not a float64 network either
+FP64 = re.compile(r"\btorch\.(float64|double|complex128|cdouble)\b|\.double\(\)|\bset_default_dtype\(")
+
+
+def in_code(pattern: re.Pattern, text: str) -> bool:
+    """Does `pattern` match `text` outside its comments and docstrings? (Tokenizes only texts that match.)"""
+    matches = [m.start() for m in pattern.finditer(text)]
+    if not matches:
+        return False
+    return any(not any(start <= at < end for start, end in _comment_and_docstring_spans(text)) for at in matches)
+
+
+@lru_cache(maxsize=256)
+def _comment_and_docstring_spans(text: str) -> tuple[tuple[int, int], ...]:
+    """Character spans of the comments and of the strings that stand alone as statements."""
+    line_starts = [0]
+    for line in text.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    spans = []
+    previous = tokenize.NEWLINE
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT or token.type == tokenize.STRING and previous in (
+                    tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL):
+                (row, col), (end_row, end_col) = token.start, token.end
+                spans.append((line_starts[row - 1] + col, line_starts[end_row - 1] + end_col))
+            if token.type not in (tokenize.COMMENT, tokenize.NL):
+                previous = token.type
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass  # an unreadable tail: what was read counts
+    return tuple(spans)
