@@ -18,8 +18,9 @@ _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
     r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
 _BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size$|^bs$|^bsz$|^(mini_?)?batch$", re.I)
+# (not `num_steps`: in RL code, where it is most often written, it counts environment or training steps)
 _LENGTH_NAME = re.compile(r"^(max_)?(seq(uence)?_?len(gth)?|block_size|bptt|n_ctx|context_len(gth)?|max_len(gth)?|"
-                          r"num_steps|chunk_len|max_position_embeddings|n_positions|seq)$", re.I)
+                          r"chunk_len|max_position_embeddings|n_positions|seq)$", re.I)
 _LAYER_ARGS = {
     "Linear": ((0, "in_features"), (1, "out_features")),
     "LazyLinear": ((0, "out_features"),),

@@ -121,13 +121,19 @@ class ProgramIndex:
         """Files that import `path`, transitively."""
         return frozenset(p for p in self.paths if p != path and path in self.reach(p))
 
+    def linked(self, path: str) -> frozenset[str]:
+        """`related` without the neighbouring library files: what `path` imports, what imports it and what the
+        entry scripts that import it import -- the code a run of this file's program certainly loads."""
+        found = set(self.reach(path)) | self.importers(path)
+        for entry in self.entries_reaching(path):
+            found |= self.reach(entry)
+        return frozenset(found)
+
     def related(self, path: str) -> frozenset[str]:
         """The files of the program `path` belongs to: what it imports, what imports it, what the entry
         scripts that import it import, and the library (non-entry) files of its own folder and below."""
         if path not in self._related:
-            found = set(self.reach(path)) | self.importers(path)
-            for entry in self.entries_reaching(path):
-                found |= self.reach(entry)
+            found = set(self.linked(path))
             folder = PurePosixPath(_norm(path)).parent.as_posix()
             prefix = "" if folder in (".", "") else folder + "/"
             found |= {p for p in self.paths if not self.facts[p].is_entry and self.normal_of[p].startswith(prefix)}
@@ -180,6 +186,14 @@ def related_texts(ctx) -> dict[str, str]:
     """path -> text of the files that belong to the same program as the current file (itself included)."""
     index = program_index(ctx)
     texts = {path: index.sources[path] for path in index.related(ctx.path)}
+    texts[ctx.path] = current_text(ctx)
+    return texts
+
+
+def linked_texts(ctx) -> dict[str, str]:
+    """path -> text of the files a run of the current file's program certainly loads (`ProgramIndex.linked`)."""
+    index = program_index(ctx)
+    texts = {path: index.sources[path] for path in index.linked(ctx.path)}
     texts[ctx.path] = current_text(ctx)
     return texts
 

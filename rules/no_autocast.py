@@ -6,7 +6,7 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import related_texts
+from gpulint.program import linked_texts, reach_texts, related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code
@@ -57,9 +57,11 @@ class NoAutocast(Rule):
     784-500-10 MLP at batch 100, an LSTM of hidden size 1024 at 20 rows per time step); the rule offers it
     from 2.7e8 (a 256-wide transformer encoder on 4,096 rows is 1.1e9); the finding's note gives the estimate. Where no
     batch size or width is written, it falls back to widths: a literal width or width setting above 256, or
-    a torchvision/timm/transformers model. fp64 code (torch.float64 in code, not in a docstring), code with
-    custom CUDA/Triton kernels, reinforcement-learning programs (importing gym, envpool, ...; small networks)
-    and test files are skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
+    a torchvision/timm/transformers model. Reinforcement-learning programs (importing gym, envpool, ...),
+    whose networks are mostly small, need the estimate itself, from the nearest code that shows layers and a
+    batch size (the file, what it imports, the files its program certainly loads; a
+    ResNet trained on batches of 1,024 positions is reported, a 256-wide MLP is not). fp64 code (torch.float64
+    in code, not in a docstring), code with custom CUDA/Triton kernels and test files are skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
     docs: do not call `.half()` on the model when using autocast), without a fix.
 
     ## Why is this slow
@@ -312,10 +314,22 @@ class NoAutocast(Rule):
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
                 or any(CUDA_TEXT.search(t) for t in joined)):
             return
-        if any(p.search(t) for p in (_CUSTOM_KERNELS, _RL) for t in joined) \
+        if any(_CUSTOM_KERNELS.search(t) for t in joined) \
                 or any(in_code(p, t) for p in (LOW_PRECISION, FP64) for t in joined):
             return  # low precision or fp64 in code (a comment mentioning bf16 runs nothing in bf16)
-        work = work_per_step(texts)
+        if any(_RL.search(t) for t in joined):
+            # reinforcement learning: mostly small networks; only the work estimated from the nearest code that
+            # shows it -- this file, what it imports, the files its program certainly loads -- may show otherwise
+            # (not the conv net of a sibling script reached through a package that imports every script)
+            work = None
+            for nearest in ({self.ctx.path: texts[self.ctx.path]}, reach_texts(self.ctx), linked_texts(self.ctx)):
+                work = work_per_step(nearest)
+                if work is not None:
+                    break
+            if work is None:
+                return
+        else:
+            work = work_per_step(texts)
         if work is not None:
             if not work.pays:
                 return  # the step is launch-bound: bf16 casts cost more than the tensor cores give back

@@ -272,3 +272,49 @@ def test_precision_evidence_is_read_from_code_not_comments(tmp_path: Path, extra
     rules = [rule_by_code(code) for code in ("GPU020", "GPU023")]
     codes = {d.code for d in run([str(tmp_path)], rules, jobs=1).diagnostics}
     assert codes == (set() if silenced else {"GPU020", "GPU023"})
+
+
+RL_TRAINER = """
+import gym
+import torch
+import torch.nn as nn
+{network}
+num_steps = 1000001  # environment steps, not a sequence length
+batch_size = {batch}
+net = Net().cuda()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+for step in range(num_steps):
+    x = torch.randn(batch_size, 3, 9, 9, device="cuda")
+    loss = net(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+RESNET = """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 256, 3, padding=1), nn.BatchNorm2d(256), nn.ReLU(),
+                                  nn.Conv2d(256, 256, 3, padding=1), nn.BatchNorm2d(256), nn.ReLU())
+    def forward(self, x):
+        return self.body(x)
+"""
+MLP = """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(243, 256), nn.ReLU(), nn.Linear(256, 4))
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+@pytest.mark.parametrize(("network", "batch", "reported"), [(RESNET, 1024, True), (MLP, 256, False)],
+                         ids=["resnet-batch-1024", "policy-mlp"])
+def test_reinforcement_learning_needs_the_work_estimate_for_autocast(tmp_path: Path, network: str, batch: int,
+                                                                    reported: bool):
+    """Self-play learners train ResNets on big batches (autocast pays); a policy MLP does not, whatever the
+    number of environment steps."""
+    (tmp_path / "train.py").write_text(RL_TRAINER.format(network=network, batch=batch))
+    result = run([str(tmp_path)], [rule_by_code("GPU023")], jobs=1)
+    assert bool(result.diagnostics) is reported
