@@ -9,6 +9,8 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
+from gpulint.program import mentions
+
 # convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
 _CNN_CONSTRUCTORS = r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\("
 _BIG_CNN = re.compile(_CNN_CONSTRUCTORS)
@@ -210,7 +212,7 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
     layers = [layer for text in texts.values() for layer in _sizes(text).layers]
     settings = [width for text in texts.values() for width in _sizes(text).widths]
     convolutional = matmul_only and (any(name.startswith(("Conv", "LazyConv")) for name, _ in layers)
-                                     or any(_BIG_CNN.search(text) for text in texts.values()))
+                                     or any(mentions(_BIG_CNN, text) for text in texts.values()))
     widths = [w for name, w in layers if not (matmul_only and name.startswith(("Conv", "LazyConv")))]
     if any(w is not None and w > SMALL_WIDTH for w in widths) or any(w > SMALL_WIDTH for w in settings):
         return "large"
@@ -232,7 +234,7 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
     """A network of matmul layers (no convolutions, no well-known large model) whose widths are all written and at
     most SMALL_WORK_WIDTH, trained on batches whose written size times sequence length (when one is written) is at
     most SMALL_WORK_ROWS: too little work per kernel for lower-precision math to pay for its casts."""
-    if any(_BIG_MODEL.search(text) for text in texts.values()):
+    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
         return False
     sizes = [_sizes(text) for text in texts.values()]
     layers = [layer for size in sizes for layer in size.named_layers]
@@ -282,7 +284,7 @@ def work_per_step(texts: dict[str, str]) -> Work | None:
     writes: rows (batch size x sequence length; the batch alone for recurrent layers, which run one time step
     per kernel; batch x assumed spatial positions for convolutions) x the widths either side. None when no
     batch size or no layer width is written (nothing to estimate from)."""
-    if any(_BIG_MODEL.search(text) for text in texts.values()):
+    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
         return None
     sizes = [_sizes(text) for text in texts.values()]
     layers = [layer for size in sizes for layer in size.named_layers]
@@ -326,7 +328,7 @@ LAUNCH_BOUND_KERNELS = 16
 def launches_per_forward(texts: dict[str, str]) -> int:
     """Kernels one forward of the program's networks launches, estimated from the layers it writes; large
     well-known models (torchvision, timm, from_pretrained) count as far above the launch-bound threshold."""
-    if any(_BIG_MODEL.search(text) for text in texts.values()):
+    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
         return 10 * LAUNCH_BOUND_KERNELS
     return sum(_CONV_LAUNCHES if name.startswith(("Conv", "LazyConv")) else _LAUNCHES.get(name, 1)
                for text in texts.values() for name, _ in _sizes(text).named_layers)

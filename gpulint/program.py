@@ -182,6 +182,13 @@ def current_text(ctx) -> str:
     return cached[1]
 
 
+@lru_cache(maxsize=1 << 16)
+def mentions(pattern: re.Pattern[str], text: str) -> bool:
+    """Does `pattern` occur in `text`? Remembered per process: program-level checks ask it of every related file
+    for every file of the program (a folder of N library files would otherwise cost N^2 scans)."""
+    return pattern.search(text) is not None
+
+
 def related_texts(ctx) -> dict[str, str]:
     """path -> text of the files that belong to the same program as the current file (itself included)."""
     index = program_index(ctx)

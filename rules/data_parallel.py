@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, iter_calls, method_name, walk
-from gpulint.program import related_texts
+from gpulint.program import mentions, related_texts
 
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
@@ -305,7 +305,7 @@ class DataParallel(Rule):
             # its `__init__`: trained wherever the module is, in this file or another file of the program
             return not _trains_here(a, a.module) and not any(
                 _trains_here(a, f) for f in walk(a.module, into_functions=True) if isinstance(f, cst.FunctionDef)) \
-                and not any(_TRAINS.search(text) for text in related_texts(self.ctx).values())
+                and not any(mentions(_TRAINS, text) for text in related_texts(self.ctx).values())
         target = self._target(ancestors)
         if target is None:
             return True
@@ -316,7 +316,7 @@ class DataParallel(Rule):
         handed_on = target.startswith("self.") or target == "<return>" or self._returned(target, body)
         inference = _INFERENCE.search(self.ctx.code(scope)) is not None
         return not (handed_on and not inference
-                    and any(_TRAINS.search(text) for text in related_texts(self.ctx).values()))
+                    and any(mentions(_TRAINS, text) for text in related_texts(self.ctx).values()))
 
     def _ddp_alternative(self, ancestors) -> bool:  # noqa: ANN001
         """The same function (or if/elif/else chain, at module level) also builds DistributedDataParallel:

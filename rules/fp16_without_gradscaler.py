@@ -4,7 +4,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, method_name, walk
-from gpulint.program import related_texts
+from gpulint.program import mentions, related_texts
 from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import autocast_call_of, autocast_dtype
 
@@ -161,7 +161,7 @@ class Fp16WithoutGradscaler(Rule):
         if not self._candidates and not self._halves:
             return
         texts = related_texts(self.ctx)
-        if any(_SCALING.search(text) for text in texts.values()):
+        if any(mentions(_SCALING, text) for text in texts.values()):
             return
         reported: set[int] = set()
         for node, region in self._candidates:

@@ -8,7 +8,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import LAUNCH_BOUND_KERNELS, launches_per_forward
-from gpulint.program import related_texts
+from gpulint.program import mentions, related_texts
 from gpulint.rule import DefinitionRequest, is_test_path
 
 HELPER = "cuda_graph_inference"
@@ -268,7 +268,7 @@ class LaunchBoundInference(Rule):
             return
         texts = related_texts(self.ctx)
         kernels = launches_per_forward(texts)
-        if kernels < LAUNCH_BOUND_KERNELS or any(_USES_CUDA_GRAPHS.search(text) for text in texts.values()):
+        if kernels < LAUNCH_BOUND_KERNELS or any(mentions(_USES_CUDA_GRAPHS, text) for text in texts.values()):
             return
         replacements, imports = (), ()
         if node.args and all(arg.keyword is None and not arg.star for arg in node.args):

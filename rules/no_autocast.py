@@ -6,7 +6,7 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import linked_texts, reach_texts, related_texts
+from gpulint.program import linked_texts, mentions, reach_texts, related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code
@@ -312,12 +312,12 @@ class NoAutocast(Rule):
         texts = related_texts(self.ctx)
         joined = list(texts.values())
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
-                or any(CUDA_TEXT.search(t) for t in joined)):
+                or any(mentions(CUDA_TEXT, t) for t in joined)):
             return
-        if any(_CUSTOM_KERNELS.search(t) for t in joined) \
+        if any(mentions(_CUSTOM_KERNELS, t) for t in joined) \
                 or any(in_code(p, t) for p in (LOW_PRECISION, FP64) for t in joined):
             return  # low precision or fp64 in code (a comment mentioning bf16 runs nothing in bf16)
-        if any(_RL.search(t) for t in joined):
+        if any(mentions(_RL, t) for t in joined):
             # reinforcement learning: mostly small networks; only the work estimated from the nearest code that
             # shows it -- this file, what it imports, the files its program certainly loads -- may show otherwise
             # (not the conv net of a sibling script reached through a package that imports every script)

@@ -19,6 +19,7 @@ from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
 from gpulint.rule import is_test_path
 from gpulint.semantic.program_text import program_texts
+from gpulint.program import mentions
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
 # "`fused=True` requires all the params to be floating point Tensors of supported devices: ['mps', 'xpu', ...]").
@@ -297,7 +298,7 @@ def _trains_on_cuda(ctx) -> bool:
         return True
     if ctx.imports_xla():
         return False
-    return any(_CUDA_TEXT.search(text) for text in program_texts(ctx))
+    return any(mentions(_CUDA_TEXT, text) for text in program_texts(ctx))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +316,7 @@ def _stays_on_cpu(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext
                  and method_name(inner) in ("parameters", "named_parameters") and isinstance(inner.func, cst.Attribute)]
     if not receivers or not all(isinstance(r, cst.Name) for r in receivers):
         return False  # `self.model.parameters()`, a parameter list from elsewhere: not resolved here
-    if any(_DEFAULT_DEVICE.search(text) for text in program_texts(ctx)):
+    if any(mentions(_DEFAULT_DEVICE, text) for text in program_texts(ctx)):
         return False
     return all(_Placement(ctx).cpu_only(r.value, ctx.ancestors) for r in receivers)
 

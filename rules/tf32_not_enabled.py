@@ -6,7 +6,7 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import program_index, related_texts
+from gpulint.program import mentions, program_index, related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code, training_entry_anchor
 
@@ -229,7 +229,7 @@ class Tf32NotEnabled(Rule):
         texts = related_texts(ctx)
         joined = list(texts.values())
         if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
-                or any(CUDA_TEXT.search(text) for text in joined)):
+                or any(mentions(CUDA_TEXT, text) for text in joined)):
             return
         # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
         if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64) for text in joined):
@@ -243,8 +243,8 @@ class Tf32NotEnabled(Rule):
         note = work.explain() if work is not None and not work.convolutional else None
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
-        uses_new = any(_NEW_API_TEXT.search(text) for text in joined)
-        uses_legacy = any(_LEGACY_API_TEXT.search(text) for text in joined)
+        uses_new = any(mentions(_NEW_API_TEXT, text) for text in joined)
+        uses_legacy = any(mentions(_LEGACY_API_TEXT, text) for text in joined)
         edit = None if uses_new and uses_legacy else self._insertion(anchor, new_api=uses_new)
         if edit is None:
             self.report(anchor, note=note)

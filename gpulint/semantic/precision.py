@@ -236,8 +236,10 @@ LOW_PRECISION = re.compile(
 FP64 = re.compile(r"\btorch\.(float64|double|complex128|cdouble)\b|\.double\(\)|\bset_default_dtype\(")
 
 
+@lru_cache(maxsize=1 << 16)
 def in_code(pattern: re.Pattern, text: str) -> bool:
-    """Does `pattern` match `text` outside its comments and docstrings? (Tokenizes only texts that match.)"""
+    """Does `pattern` match `text` outside its comments and docstrings? (Tokenizes only texts that match;
+    remembered, as `mentions` is.)"""
     matches = [m.start() for m in pattern.finditer(text)]
     if not matches:
         return False
