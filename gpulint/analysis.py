@@ -258,6 +258,9 @@ class Device(str, enum.Enum):
     CPU = "cpu"
 
 
+# What the usual names mean when a file gets them from a star import (`from utils import *`, utils importing torch)
+_CONVENTIONAL_ALIASES = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional", "optim": "torch.optim",
+                         "np": "numpy"}
 _MASK_NAME = re.compile(r"mask|valid|keep|done|alive|legal|nonempty|non_empty|^is_", re.I)
 _OPTIMIZER_NAME = vocab.OPTIMIZER_NAME
 _LOADER_NAME = re.compile(r"loader|^dl$|_dl$|^dl_", re.I)
@@ -323,6 +326,7 @@ class FileAnalysis:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self.aliases: dict[str, str] = {}  # local name -> qualified name ("t" -> "torch")
+        self.star_imported = False  # `from module import *`: conventional names may come from there
         self.import_nodes: list[cst.CSTNode] = []  # top-level import statements, in order
         self.scopes: dict[int, Scope] = {}  # id(Module|FunctionDef) -> Scope
         self.classes: dict[str, ClassInfo] = {}
@@ -393,6 +397,8 @@ class FileAnalysis:
             return None
         head, _, rest = dotted.partition(".")
         target = self.aliases.get(head)
+        if target is None and self.star_imported:  # `from utils import *` where utils imports torch
+            target = _CONVENTIONAL_ALIASES.get(head)
         if target is None:
             return None
         return f"{target}.{rest}" if rest else target
@@ -618,6 +624,8 @@ class _PrePass(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if len(self.stack) <= 3:
             self.a.import_nodes.append(self.stack[-2])
+        if isinstance(node.names, cst.ImportStar) and node.module is not None:
+            self.a.star_imported = True
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
         base = dotted_name(node.module) or ""
@@ -1270,6 +1278,10 @@ class Evidence:
             if isinstance(node.func, cst.Name) and node.func.value == "next" and node.args \
                     and self.is_loader(node.args[0].value, depth + 1):
                 return True
+            if qual == "ray.get" and node.args:  # what a Ray actor's method returned
+                return self.is_cpu_source(node.args[0].value, depth + 1)
+            if self._samples_host_batch(node):
+                return True
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)
                 return data is not None and self._host_data(data.value, depth + 1)
@@ -1302,6 +1314,19 @@ class Evidence:
                     if self.is_cpu_source(value, depth + 1):
                         return True
         return False
+
+    def _samples_host_batch(self, call: cst.Call) -> bool:
+        """`memory.sample(batch_size)` (or `buffer.sample.remote(n)` through Ray) where the program's call graph
+        resolved the callee to a function returning tensors it built on the host (`#host-batch:` marker)."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "remote":
+            func = func.value
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name is None or not self.a.program_keys:
+            return False
+        function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
+        return f"{self.a.key_of(function)}#host-batch:{name}" in self.a.program_keys
 
     def _comprehension_iterable(self, name: str) -> cst.BaseExpression | None:
         """What a comprehension around the current node iterates to bind `name` (`batch` for `t` in `[t.to(d)

@@ -318,3 +318,68 @@ def test_reinforcement_learning_needs_the_work_estimate_for_autocast(tmp_path: P
     (tmp_path / "train.py").write_text(RL_TRAINER.format(network=network, batch=batch))
     result = run([str(tmp_path)], [rule_by_code("GPU023")], jobs=1)
     assert bool(result.diagnostics) is reported
+
+
+BUFFER = """
+import numpy as np
+import torch
+
+
+class ReplayBuffer:
+    def __init__(self):
+        self.obs, self.rew = [], []
+
+    def sample_batch(self, n):
+        idx = np.random.randint(0, len(self.obs), size=n)
+        obs = torch.tensor(np.stack([self.obs[i] for i in idx])).float()
+        return obs, torch.from_numpy(np.array([self.rew[i] for i in idx]))
+"""
+LEARNER = """
+import ray
+import torch
+from buffer import ReplayBuffer
+
+
+def update(model, optimizer, buffer, device):
+    obs, rew = {fetch}
+    obs, rew = obs.to(device), rew.to(device)
+    loss = (model(obs).squeeze(-1) - rew).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def train(model, optimizer, buffer, steps):
+    device = torch.device("cuda")
+    for step in range(steps):
+        update(model, optimizer, buffer, device)
+"""
+
+
+@pytest.mark.parametrize("fetch", ["buffer.sample_batch(256)", "ray.get(buffer.sample_batch.remote(256))"],
+                         ids=["method", "ray-actor"])
+def test_batches_a_sampler_builds_on_the_host_are_host_data_where_they_are_moved(tmp_path: Path, fetch: str):
+    """The replay buffer (a Ray actor or a plain object) returns tensors it built on the host: the learner's
+    per-step `.to(device)` is a blocking pageable copy."""
+    (tmp_path / "buffer.py").write_text(BUFFER)
+    (tmp_path / "learner.py").write_text(LEARNER.format(fetch=fetch))
+    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=1)
+    assert sorted((Path(d.path).name, d.line) for d in result.diagnostics) == [("learner.py", 9), ("learner.py", 9)]
+
+
+def test_torch_reached_through_a_star_import_is_torch(tmp_path: Path):
+    """`from utils import *` where utils imports torch: `torch.optim.Adam` in the script is torch's."""
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("import torch\nimport numpy as np\n")
+    (tmp_path / "train.py").write_text(
+        "from utils import *\n"
+        "device = torch.device('cuda')\n"
+        "net = torch.nn.Linear(64, 64).to(device)\n"
+        "optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)\n"
+        "for step in range(100):\n"
+        "    loss = net(torch.randn(32, 64, device=device)).pow(2).mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n")
+    result = run([str(tmp_path)], [rule_by_code("GPU032")], jobs=1)
+    assert [(Path(d.path).name, d.line) for d in result.diagnostics] == [("train.py", 4)]

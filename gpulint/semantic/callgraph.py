@@ -107,6 +107,7 @@ class FunctionSummary:
     operands: dict[str, set[str]] = field(default_factory=dict)  # `loss = pi_loss + v_loss`: name -> operand names
     uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
     downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
+    returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
 
 
 @dataclass
@@ -160,6 +161,8 @@ def _calls_outside_nested(body: list[ast.stmt], *, into_loops: bool) -> list[ast
 def _call_target(dotted: str) -> tuple[str, ...]:
     """How a call names its callee: ("name", f), ("self", m) or ("attr", receiver, m)."""
     parts = dotted.split(".")
+    if len(parts) > 2 and parts[-1] == "remote":  # a Ray actor's method: `buffer.sample.remote(n)` runs `sample`
+        parts.pop()
     if len(parts) == 1:
         return ("name", parts[0])
     if parts[0] == "self" and len(parts) == 2:
@@ -397,9 +400,10 @@ class _Summariser:
             if vocab.last_part(_dotted(target)) == "compile":
                 summary.seed = Frequency.PER_STEP
         data_params = set(params) - {"self", "cls"}
-        if data_params:
-            returns, assigns = _returns_and_assigns(node)
-            if returns:
+        returns, assigns = _returns_and_assigns(node)
+        if returns:
+            summary.returns_host = _returns_host_tensors(returns, assigns)
+            if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
         self.file.functions.setdefault(key, summary)
@@ -497,6 +501,39 @@ def _downloads_parameter(params: set[str], returned: list[ast.expr]) -> bool:
         if reads and isinstance(value, ast.Name) and value.id in params:
             return True
     return False
+
+
+def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
+    """A sampler such as `def sample(self, n): ...; return torch.tensor(obs), torch.from_numpy(acts)`: what it returns
+    (a value, or the elements of a returned tuple) are tensors it builds on the host, none moved to a device, so a
+    caller's `.to(device)` of them copies host memory."""
+    built: dict[str, bool] = {}
+    for assign in reversed(assigns):  # statement order (the walk collected them last first)
+        for target in assign.targets:
+            pairs = zip(target.elts, assign.value.elts) if isinstance(target, ast.Tuple) and isinstance(
+                assign.value, ast.Tuple) and len(target.elts) == len(assign.value.elts) else [(target, assign.value)]
+            for name, value in pairs:
+                if isinstance(name, ast.Name):
+                    built[name.id] = _builds_on_host(value) or isinstance(value, ast.Name) and built.get(value.id, False)
+    for value in returned:
+        elements = value.elts if isinstance(value, (ast.Tuple, ast.List)) else [value]
+        verdicts = [_builds_on_host(e) or isinstance(e, ast.Name) and built.get(e.id, False) for e in elements]
+        if any(verdicts) and not any(isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute)
+                                     and e.func.attr in ("to", "cuda") for e in elements):
+            return True
+    return False
+
+
+def _builds_on_host(value: ast.expr) -> bool:
+    """`torch.tensor(x)`, `torch.from_numpy(a).float()`, `torch.FloatTensor(b)`, without `device=`."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous", "unsqueeze",
+                                    "squeeze", "view", "reshape"):
+        value = value.func.value
+    if not isinstance(value, ast.Call) or any(k.arg == "device" for k in value.keywords):
+        return False
+    dotted = _dotted(value.func) or ""
+    return dotted.split(".")[0] == "torch" and vocab.last_part(dotted) in _HOST_CONSTRUCTORS | {"tensor", "as_tensor"}
 
 
 def _is_upload(value: ast.expr, params: set[str]) -> bool:
@@ -1122,7 +1159,8 @@ class CallGraph:
         rollout (an evaluation episode) `<function key>#rare-rollout`, and one that trains when called (itself or
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
-        that calls a helper reading its argument back to the host `<function key>#downloads:<name>`."""
+        that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
+        a sampler returning tensors built on the host `<function key>#host-batch:<name>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1159,6 +1197,8 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
                     if any(callee.downloads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
+                    if callees and all(callee.returns_host for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:
