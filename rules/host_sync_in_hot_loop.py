@@ -95,13 +95,17 @@ _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "except
 _CONVERTING_LOGGERS = re.compile(r"^(fabric|wandb)$")
 
 
+# SummaryWriter methods and their value argument (keyword, position)
+_TENSORBOARD_VALUES = {"add_scalar": ("scalar_value", 1), "add_histogram": ("values", 1)}
+
+
 class HostSyncInHotLoop(Rule):
     """
     ## What it does
     Finds operations that copy a GPU tensor's value to the host inside the training step or a model's
     `forward`: `.item()`, `.tolist()`, `.cpu()`, `.to("cpu")`, `float(t)` / `int(t)` / `bool(t)`, and
     printing or formatting a tensor (`print(loss)`, `f"{loss}"`, `"%f" % loss`, `logger.info(..., loss)`,
-    `writer.add_scalar(tag, loss)`). It fires only on values with tensor evidence in a program that uses
+    `writer.add_scalar(tag, loss)`, `writer.add_histogram(tag, logits)`). It fires only on values with tensor evidence in a program that uses
     CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
     results of an earlier `.item()`) are not syncs and are ignored. Code in `if step % N == 0:` blocks and
     evaluation passes over a loader outside the training step is not reported; an evaluation loop nested in
@@ -166,7 +170,7 @@ class HostSyncInHotLoop(Rule):
     safety = Safety.UNSAFE
     priority = "P1"
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
-                ".format(", "log", "add_scalar", "numpy(", "math.")
+                ".format(", "log", "add_scalar", "add_histogram", "numpy(", "math.")
     examples = [
         Valid(  # Python numbers and NumPy values are not syncs
             """
@@ -621,10 +625,11 @@ class HostSyncInHotLoop(Rule):
                         if isinstance(arg.value, cst.Dict) else [arg.value] if arg.keyword is None and name == "log" \
                         and arg is not node.args[0] else []
                     candidates.extend((value, value, "logging a tensor") for value in values)  # type: ignore[misc]
-            elif name in ("add_scalar",):
-                value = call_arg(node, "scalar_value", 1)
+            elif name in _TENSORBOARD_VALUES:  # TensorBoard converts the value with `.cpu().numpy()` right away
+                keyword, position = _TENSORBOARD_VALUES[name]
+                value = call_arg(node, keyword, position)
                 if value is not None:
-                    candidates.append((value.value, value.value, "`add_scalar` of a tensor"))  # type: ignore[arg-type]
+                    candidates.append((value.value, value.value, f"`{name}` of a tensor"))  # type: ignore[arg-type]
         elif isinstance(func, cst.Name) and not self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors):
             if func.value in ("float", "int", "bool") and len(node.args) == 1 and not node.args[0].star:
                 candidates.append((node, node.args[0].value, f"`{func.value}(tensor)`"))  # type: ignore[arg-type]
