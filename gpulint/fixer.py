@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import libcst as cst
 
-from gpulint.diagnostics import Diagnostic, Edit, Position, Safety
+from gpulint.diagnostics import Diagnostic, Edit, Safety
+from gpulint.edits import apply_edits, line_starts, offset
 from gpulint.engine import LintResult, ProgramFacts, lint_text
 from gpulint.rule import Rule
 
 MAX_PASSES = 10
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass
@@ -30,30 +29,9 @@ class FixOutcome:
         return bool(self.fixed) and self.error is None
 
 
-def _line_starts(text: str) -> list[int]:
-    return [0] + [match.end() for match in _LINE_BREAK.finditer(text)]
-
-
-def _offset(starts: list[int], position: Position) -> int:
-    return starts[position.line - 1] + position.col - 1
-
-
-def apply_edits(text: str, edits: Sequence[Edit]) -> str:
-    starts = _line_starts(text)
-    pieces = []
-    cursor = 0
-    for edit in sorted(edits, key=lambda e: (e.start, e.end)):
-        begin, end = _offset(starts, edit.start), _offset(starts, edit.end)
-        pieces.append(text[cursor:begin])
-        pieces.append(edit.content)
-        cursor = end
-    pieces.append(text[cursor:])
-    return "".join(pieces)
-
-
 def _replaced_texts(text: str, edits: Sequence[Edit]) -> tuple[str, ...]:
-    starts = _line_starts(text)
-    return tuple(text[_offset(starts, e.start):_offset(starts, e.end)] for e in edits)
+    starts = line_starts(text)
+    return tuple(text[offset(starts, e.start):offset(starts, e.end)] for e in edits)
 
 
 def choose_non_overlapping(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:

@@ -126,7 +126,7 @@ def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | Non
 
 
 def _fix_preview(writer: Writer, d: Diagnostic, source: str) -> None:
-    from gpulint.fixer import apply_edits
+    from gpulint.edits import apply_edits
 
     assert d.fix is not None
     try:
