@@ -200,14 +200,21 @@ def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> No
             sized[kind].append(number)
 
 
+@lru_cache(maxsize=1 << 16)
+def _big_model_named(text: str) -> str | None:
+    """The first well-known large model `text` names (remembered per text, as `mentions` is)."""
+    match = _BIG_MODEL.search(text)
+    return match.group() if match else None
+
+
 def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | None:
     """"large" (a width above SMALL_WIDTH, or a well-known large model), "small" (widths are written and all
     are at most SMALL_WIDTH), or None (nothing shows). With `matmul_only`, convolutions do not count (for
     TF32, which cuDNN convolutions already use): a network of convolutions, with at most classifier-like
     Linear layers of unwritten width, is "small"."""
     for text in texts.values():
-        model = _BIG_MODEL.search(text)
-        if model and not (matmul_only and _BIG_CNN.fullmatch(model.group())):
+        model = _big_model_named(text)
+        if model and not (matmul_only and _BIG_CNN.fullmatch(model)):
             return "large"
     layers = [layer for text in texts.values() for layer in _sizes(text).layers]
     settings = [width for text in texts.values() for width in _sizes(text).widths]

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT, call_arg, string_value
+from gpulint.program import mentions
 from gpulint.rule import is_test_path
 from gpulint.semantic.program_text import program_texts
 
@@ -120,14 +122,19 @@ class ChannelsLast(Rule):
             return
         self._done = True  # one finding per file
         texts = program_texts(self.ctx)
-        if is_test_path(self.ctx.path) or any(_CHANNELS_LAST.search(t) for t in texts):
+        if is_test_path(self.ctx.path) or any(mentions(_CHANNELS_LAST, t) for t in texts):
             return
-        conv_bn = sum(len(_CONV2D.findall(t)) for t in texts) >= 2 and any(_BATCH_NORM_2D.search(t) for t in texts)
-        if not (conv_bn or any(_TORCHVISION_CNN.search(t) for t in texts)):
+        conv_bn = sum(_conv2d_count(t) for t in texts) >= 2 and any(mentions(_BATCH_NORM_2D, t) for t in texts)
+        if not (conv_bn or any(mentions(_TORCHVISION_CNN, t) for t in texts)):
             return
         analysis = self.ctx.analysis
         if not (analysis.cuda_evidence or analysis.maybe_cuda_evidence
-                or any(CUDA_OR_ACCELERATOR_TEXT.search(t) for t in texts)):
+                or any(mentions(CUDA_OR_ACCELERATOR_TEXT, t) for t in texts)):
             return
         self.report(node)
 
+
+@lru_cache(maxsize=1 << 16)
+def _conv2d_count(text: str) -> int:
+    """`Conv2d(` layers a text writes (remembered per text: asked of every related file for every file)."""
+    return len(_CONV2D.findall(text))

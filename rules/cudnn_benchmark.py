@@ -6,6 +6,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT
+from gpulint.program import mentions
 from gpulint.rule import is_test_path
 from gpulint.semantic.program_text import imported_texts, program_texts
 
@@ -155,10 +156,10 @@ class CudnnBenchmark(Rule):
         # it imports itself (`from nets import build`), not somewhere deep in a library it uses (peft's adapters
         # for Conv2d layers do not make a language model a conv net)
         conv_texts = texts if any(word in own for word in self.triggers[:3]) else imported_texts(self.ctx)
-        if is_test_path(self.ctx.path) or not any(_CONV.search(t) for t in conv_texts) \
+        if is_test_path(self.ctx.path) or not any(mentions(_CONV, t) for t in conv_texts) \
                 or not _trains_on_cuda(self.ctx, texts):
             return
-        if any(_BENCHMARK.search(t) or _DETERMINISTIC.search(t) for t in texts):
+        if any(mentions(_BENCHMARK, t) or mentions(_DETERMINISTIC, t) for t in texts):
             return
         self.report(node)
 
@@ -168,7 +169,7 @@ class CudnnBenchmark(Rule):
         if not any(self.ctx.qualname(t.target) == "torch.backends.cudnn.benchmark" for t in node.targets):
             return
         texts = program_texts(self.ctx)
-        if any(_SEQUENCE_CONV.search(t) for t in texts) and any(_VARIABLE_SHAPES.search(t) for t in texts):
+        if any(mentions(_SEQUENCE_CONV, t) for t in texts) and any(mentions(_VARIABLE_SHAPES, t) for t in texts):
             self.report(node, "`cudnn.benchmark = True` with input shapes that vary per batch re-runs the "
                               "autotuner for every new shape; set it to False")
 
@@ -176,7 +177,7 @@ class CudnnBenchmark(Rule):
 def _trains_on_cuda(ctx, texts: list[str]) -> bool:
     analysis = ctx.analysis
     return analysis.cuda_evidence or analysis.maybe_cuda_evidence or any(
-        CUDA_OR_ACCELERATOR_TEXT.search(t) for t in texts)
+        mentions(CUDA_OR_ACCELERATOR_TEXT, t) for t in texts)
 
 
 # -- the part of the run that belongs to this file's program: files connected to it by imports ---------------

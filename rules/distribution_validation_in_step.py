@@ -7,6 +7,7 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import HotKind, call_arg
 from gpulint.builders import add_keyword
+from gpulint.program import mentions
 from gpulint.semantic.placement import HOST, NONTENSOR, Placement
 
 # a program that switched validation off globally, or runs with assertions off (`python -O` turns the default off)
@@ -176,7 +177,7 @@ class DistributionValidationInStep(Rule):
         if self.ctx.hot_kind() not in _PER_STEP or self.ctx.in_test_code():
             return
         if self._switched_off is None:  # once per file: the program's texts as read
-            self._switched_off = any(_GLOBAL_OFF.search(text) for text in self.ctx.program.sources.values()) \
+            self._switched_off = any(mentions(_GLOBAL_OFF, text) for text in self.ctx.program.sources.values()) \
                 or bool(_GLOBAL_OFF.search(self.ctx.program.sources.get(self.ctx.path) or self.ctx.module.code))
         if self._switched_off:
             return

@@ -5,7 +5,7 @@ import libcst as cst
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, is_true, method_name, walk
 from gpulint.builders import add_keyword
-from gpulint.program import related_texts
+from gpulint.program import mentions, related_texts
 from gpulint.semantic.precision import autocast_call_of, autocast_dtype
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
@@ -265,7 +265,7 @@ class GradscalerWithBf16(Rule):
             return None
         if self._texts is None:
             self._texts = related_texts(self.ctx)
-            self._fp16 = any(_FP16_TEXT.search(text) for text in self._texts.values())
+            self._fp16 = any(mentions(_FP16_TEXT, text) for text in self._texts.values())
         if self._fp16:
             if self._fp16_in_autocasts is None:  # fp16 written inside this file's autocast calls
                 self._fp16_in_autocasts = sum(
@@ -357,7 +357,7 @@ class GradscalerWithBf16(Rule):
         """'here' (bf16 autocast in this loop), a file name (bf16 autocast elsewhere), or None."""
         if self._texts is None:
             self._texts = related_texts(self.ctx)
-            self._fp16 = any(_FP16_TEXT.search(text) for text in self._texts.values())
+            self._fp16 = any(mentions(_FP16_TEXT, text) for text in self._texts.values())
         texts = self._texts
         if self._fp16:
             return None

@@ -7,6 +7,7 @@ import libcst as cst
 
 from gpulint import Confidence, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, child_nodes, method_name
+from gpulint.program import mentions
 from gpulint.semantic.program_text import program_texts
 
 _DISABLE = {"torch.compiler.disable", "torch._dynamo.disable", "torch.compiler.disable_dynamo"}
@@ -170,7 +171,7 @@ class GraphBreakInCompiledRegion(Rule):
         return self._compiled_classes
 
     def _capture(self, pattern: re.Pattern[str]) -> bool:
-        return any(pattern.search(text) for text in self._program())
+        return any(mentions(pattern, text) for text in self._program())
 
     # -- what -------------------------------------------------------------------------------------------------
 

@@ -17,9 +17,9 @@ from gpulint.analysis import (
 )
 from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
+from gpulint.program import mentions
 from gpulint.rule import is_test_path
 from gpulint.semantic.program_text import program_texts
-from gpulint.program import mentions
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
 # "`fused=True` requires all the params to be floating point Tensors of supported devices: ['mps', 'xpu', ...]").
