@@ -15,8 +15,12 @@ def line_starts(text: str) -> list[int]:
     return [0] + [match.end() for match in _LINE_BREAK.finditer(text)]
 
 
-def offset(starts: list[int], position: Position) -> int:
-    return starts[position.line - 1] + position.col - 1
+def offset(starts: list[int], position: Position, length: int) -> int:
+    """Character offset of a 1-based position; the line after the last one is the end of a text that does not end
+    with a line break (where a whole-module replacement ends)."""
+    if position.line > len(starts):
+        return length
+    return min(starts[position.line - 1] + position.col - 1, length)
 
 
 def apply_edits(text: str, edits: Sequence[Edit]) -> str:
@@ -24,7 +28,7 @@ def apply_edits(text: str, edits: Sequence[Edit]) -> str:
     pieces = []
     cursor = 0
     for edit in sorted(edits, key=lambda e: (e.start, e.end)):
-        begin, end = offset(starts, edit.start), offset(starts, edit.end)
+        begin, end = offset(starts, edit.start, len(text)), offset(starts, edit.end, len(text))
         pieces.append(text[cursor:begin])
         pieces.append(edit.content)
         cursor = end

@@ -31,7 +31,7 @@ class FixOutcome:
 
 def _replaced_texts(text: str, edits: Sequence[Edit]) -> tuple[str, ...]:
     starts = line_starts(text)
-    return tuple(text[offset(starts, e.start):offset(starts, e.end)] for e in edits)
+    return tuple(text[offset(starts, e.start, len(text)):offset(starts, e.end, len(text))] for e in edits)
 
 
 def choose_non_overlapping(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:

@@ -179,3 +179,11 @@ def test_text_inserted_by_a_fix_is_not_evidence_for_later_passes():
     source = "import torch\nexport(x)\nload(x)\n"
     outcome = fix_text(source, "t.py", [PinsWhenCuda])
     assert outcome.text == "import torch\nexport(x, pin=torch.cuda.is_available())\nload(x)\n"
+
+
+def test_a_whole_module_fix_applies_to_a_file_without_a_final_newline():
+    """GPU071 rewrites the module (it removes an anomaly-detection switch); the module of a file that ends without
+    a line break ends on the line after its last one. The soak run found the fixer raising IndexError there."""
+    text = "import torch\ntorch.autograd.set_detect_anomaly(True)\nfor x in loader:\n    model(x).sum().backward()\n# end"
+    outcome = fix_text(text, "train.py", [rule_by_code("GPU071")], min_safety=Safety.UNSAFE)
+    assert outcome.error is None and "set_detect_anomaly" not in outcome.text and outcome.text.endswith("# end")
