@@ -87,7 +87,7 @@ class ProgramIndex:
                     pieces = module.split(".")
                     dotted += [".".join(pieces[:i]) for i in range(1, len(pieces))]
                     for name in dotted:
-                        targets.update(self._closest(by_module.get(name, []), here))
+                        targets.update(self._closest(by_module.get(name, []), here, name))
                 targets.discard(path)
                 self.edges[path] |= targets
         self._reach: dict[str, frozenset[str]] = {}
@@ -95,8 +95,21 @@ class ProgramIndex:
         self.cuda_related: dict[str, bool] = {}  # path -> a related file names CUDA (RuleContext.targets_cuda)
 
     @staticmethod
-    def _closest(candidates: list[str], here: tuple[str, ...]) -> list[str]:
-        """Of several files with the same module name, those nearest to the importing file."""
+    def _closest(candidates: list[str], here: tuple[str, ...], module: str) -> list[str]:
+        """Of several files with the same module name, those nearest to the importing file, among those Python
+        could import from there: the module's root folder (the file's folder less the package folders of the
+        dotted name) is the importer's folder or one above it (the script's folder or the working directory on
+        the path), not a sibling project's (`from train import train` in one example folder is not another
+        example's `train.py`)."""
+        if len(candidates) <= 1:
+            return candidates
+
+        def root(path: str) -> tuple[str, ...]:
+            parts = PurePosixPath(_norm(path)).parts
+            depth = module.count(".") + (2 if parts[-1] == "__init__.py" else 1)
+            return parts[:-depth]
+
+        candidates = [c for c in candidates if here[:len(root(c))] == root(c)]
         if len(candidates) <= 1:
             return candidates
 

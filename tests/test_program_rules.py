@@ -383,3 +383,19 @@ def test_torch_reached_through_a_star_import_is_torch(tmp_path: Path):
         "    optimizer.step()\n")
     result = run([str(tmp_path)], [rule_by_code("GPU032")], jobs=1)
     assert [(Path(d.path).name, d.line) for d in result.diagnostics] == [("train.py", 4)]
+
+
+def test_an_import_is_not_resolved_into_a_sibling_project(tmp_path: Path):
+    """`from train import train` in a folder without a train.py is not another example folder's train.py (Python
+    would not find it there): that script keeps its own TF32 finding. The soak run found one lost beside a truncated
+    copy of a script importing `train`."""
+    (tmp_path / "snli").mkdir()
+    (tmp_path / "snli" / "train.py").write_text(LARGE_FP32_STEP.format(extra=""))
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / "train.py").write_text("def train(model):\n    pass\n")
+    (tmp_path / "copies").mkdir()
+    (tmp_path / "copies" / "main.py").write_text(
+        "import torch\nfrom train import train\n\nif __name__ == '__main__':\n    model = torch.nn.Linear(2, 2).half()\n"
+        "    train(model)\n")
+    result = run([str(tmp_path)], [rule_by_code("GPU020")], jobs=1)
+    assert [(Path(d.path).parent.name, Path(d.path).name) for d in result.diagnostics] == [("snli", "train.py")]
