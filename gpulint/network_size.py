@@ -202,7 +202,8 @@ def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> No
 
 @lru_cache(maxsize=1 << 16)
 def _big_model_named(text: str) -> str | None:
-    """The first well-known large model `text` names (remembered per text, as `mentions` is)."""
+    """The first well-known large model `text` names (remembered per text: asked of every related file for every
+    file)."""
     match = _BIG_MODEL.search(text)
     return match.group() if match else None
 
@@ -241,7 +242,7 @@ def small_work_per_step(texts: dict[str, str]) -> bool:
     """A network of matmul layers (no convolutions, no well-known large model) whose widths are all written and at
     most SMALL_WORK_WIDTH, trained on batches whose written size times sequence length (when one is written) is at
     most SMALL_WORK_ROWS: too little work per kernel for lower-precision math to pay for its casts."""
-    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
+    if any(_big_model_named(text) for text in texts.values()):
         return False
     sizes = [_sizes(text) for text in texts.values()]
     layers = [layer for size in sizes for layer in size.named_layers]
@@ -291,7 +292,7 @@ def work_per_step(texts: dict[str, str]) -> Work | None:
     writes: rows (batch size x sequence length; the batch alone for recurrent layers, which run one time step
     per kernel; batch x assumed spatial positions for convolutions) x the widths either side. None when no
     batch size or no layer width is written (nothing to estimate from)."""
-    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
+    if any(_big_model_named(text) for text in texts.values()):
         return None
     sizes = [_sizes(text) for text in texts.values()]
     layers = [layer for size in sizes for layer in size.named_layers]
@@ -335,7 +336,7 @@ LAUNCH_BOUND_KERNELS = 16
 def launches_per_forward(texts: dict[str, str]) -> int:
     """Kernels one forward of the program's networks launches, estimated from the layers it writes; large
     well-known models (torchvision, timm, from_pretrained) count as far above the launch-bound threshold."""
-    if any(mentions(_BIG_MODEL, text) for text in texts.values()):
+    if any(_big_model_named(text) for text in texts.values()):
         return 10 * LAUNCH_BOUND_KERNELS
     return sum(_CONV_LAUNCHES if name.startswith(("Conv", "LazyConv")) else _LAUNCHES.get(name, 1)
                for text in texts.values() for name, _ in _sizes(text).named_layers)

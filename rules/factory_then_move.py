@@ -201,12 +201,8 @@ class FactoryThenMove(Rule):
         if kind is None or not isinstance(factory, cst.Call):
             self._moved_later(node, name, factory)
             return
-        if any(arg.star for arg in (*node.args, *factory.args)):
+        if any(arg.star for arg in node.args) or not _placeable(factory):
             return
-        if call_arg(factory, "device") is not None or call_arg(factory, "out") is not None:
-            return
-        if call_arg(factory, "generator") is not None:
-            return  # a CPU generator: drawing on the CPU is deliberate (reproducible streams)
         if is_test_path(self.ctx.path):
             return  # test inputs, built once: the fix only reshuffles seeded test data
         numel = _literal_numel(factory, kind)
@@ -268,8 +264,7 @@ class FactoryThenMove(Rule):
         if placement.default_device or where != DEVICE and (where != TENSOR or not self.ctx.targets_cuda()):
             return
         for factory in factories:
-            if any(arg.star for arg in factory.args) or call_arg(factory, "device") is not None \
-                    or call_arg(factory, "out") is not None or call_arg(factory, "generator") is not None:
+            if not _placeable(factory):
                 continue
             message = "Index tensor created on the CPU and copied to the GPU by the indexing, every step: create it "\
                       "on the indexed tensor's device"
@@ -309,8 +304,7 @@ class FactoryThenMove(Rule):
             return  # `feats = torch.zeros(n, d)`, rows written on the CPU, then moved: a different trade-off
         factory = bindings[0].value
         if not isinstance(factory, cst.Call) or self._factory_kind(factory) is None \
-                or any(arg.star for arg in factory.args) or call_arg(factory, "device") is not None \
-                or call_arg(factory, "out") is not None or call_arg(factory, "generator") is not None:
+                or not _placeable(factory):
             return
         if id(factory) in self._reported_factories:
             return
@@ -396,6 +390,13 @@ class FactoryThenMove(Rule):
         if len(positional) == 1 and not isinstance(positional[0], cst.Float):
             return True
         return all(_is_integer_literal(value) for value in positional)
+
+
+def _placeable(factory: cst.Call) -> bool:
+    """A factory call that `device=` can be added to: no `*args`/`**kwargs`, no device or `out=` yet, and no CPU
+    `generator=` (drawing on the CPU is then deliberate: reproducible streams)."""
+    return not any(arg.star for arg in factory.args) and all(
+        call_arg(factory, keyword) is None for keyword in ("device", "out", "generator"))
 
 
 def _is_random(kind: str) -> bool:
