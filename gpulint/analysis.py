@@ -1407,6 +1407,10 @@ class Evidence:
                     and isinstance(node.func, cst.Attribute):
                 return self.is_module(node.func.value, depth + 1)
             return None
+        if isinstance(node, cst.Name) and node.value == "self":
+            info = self.a.enclosing_class(self.ancestors)  # `self(x)` in a method of an nn.Module subclass
+            if info is not None and info.is_module:
+                return Confidence.HIGH
         if isinstance(node, cst.Name):
             key = (id(self.a.scope_chain(self.ancestors)[0].node), "name", node.value, depth)
             if key not in self.a.module_answers:

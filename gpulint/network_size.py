@@ -18,7 +18,8 @@ _BIG_MODEL = re.compile(r"torchvision\.models(?!\._?utils)|from\s+torchvision\s+
                         r"timm\.create_model|from_pretrained\(|\bAutoModel|\bvit_\w+\(|" + _CNN_CONSTRUCTORS)
 _WIDTH_NAME = re.compile(
     r"^(n_?embd|n_?embed|d_model|d_ff|dim_feedforward|ffn_dim|hidden(_size|_dim|_units|_channels|_features)?|"
-    r"embed(ding)?_dim|emb_dim|model_dim|width|num_hiddens|nhid|ninp|emsize|n_hidden|intermediate_size)$", re.I)
+    r"embed(ding)?_dim|emb_dim|(\w+_)?model_dim(ension)?|width|num_hiddens|nhid|ninp|emsize|n_hidden|"
+    r"intermediate_size)$", re.I)
 _BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size$|^bs$|^bsz$|^(mini_?)?batch$", re.I)
 # (not `num_steps`: in RL code, where it is most often written, it counts environment or training steps)
 _LENGTH_NAME = re.compile(r"^(max_)?(seq(uence)?_?len(gth)?|block_size|bptt|n_ctx|context_len(gth)?|max_len(gth)?|"

@@ -33,6 +33,8 @@ _MOVES_TO_DEVICE = re.compile(r"\.cuda\(|\.to\(\s*(self\.)?(device|dev|_device|g
 _HOST_COLLATE_PREFIXES = ("torch.", "transformers.")
 # the script picks its device at run time: the fix follows its device variable
 _PICKS_DEVICE = re.compile(r"""["']--?device["']|\bcuda\.is_available\(\)""")
+_TURNED_OFF_NOTE = ("unsafe fix: `pin_memory=False` was written explicitly; pinned memory is page-locked RAM, so on a "
+                    "host short of memory prefer fewer workers or a smaller `prefetch_factor`")
 _UNKNOWN_COLLATE_NOTE = ("the `collate_fn` could not be resolved: if it returns CUDA tensors, `pin_memory=True` "
                          "raises (\"cannot pin 'torch.cuda...Tensor'\"), so no fix is offered")
 
@@ -68,6 +70,9 @@ class DataloaderNoPinMemory(Rule):
     without a GPU, it writes `pin_memory=torch.cuda.is_available()`, which avoids torch's "no accelerator is
     found" warning on CPU-only machines.
 
+    An explicit `pin_memory=False` is reported too where the file moves data to a GPU in a CUDA program; its
+    fix is unsafe, since turning pinning off may have been deliberate (a host short of memory).
+
     ## Fix safety
     Safe: pinning changes where a batch's host copy lives, not its values (batches compare equal). It is
     not offered when the dataset or collate function already yields CUDA tensors (pinning those raises:
@@ -102,13 +107,37 @@ class DataloaderNoPinMemory(Rule):
             x = next(iter(loader))[0].cuda(non_blocking=True)
             """
         ),
-        Valid(  # explicit choice, whatever its value
+        Valid(  # an explicit choice the code makes at run time
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(ds, batch_size=64, pin_memory=args.pin_memory)
+            model.cuda()
+            """
+        ),
+        Valid(  # turned off where this file sends nothing to the GPU
             """
             import torch
             from torch.utils.data import DataLoader
             loader = DataLoader(ds, batch_size=64, pin_memory=False)
-            model.cuda()
+            stats = [x.mean() for x, _ in loader]
             """
+        ),
+        Invalid(  # turned off, batches copied to the GPU every step (unsafe fix: the choice may be deliberate)
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(ds, batch_size=64, pin_memory=False)  # error: GPU010
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(ds, batch_size=64, pin_memory=True)  # error: GPU010
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+            """,
         ),
         Valid(  # options we cannot see
             """
@@ -286,13 +315,18 @@ class DataloaderNoPinMemory(Rule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not checkable_loader_call(self.ctx, node) or call_arg(node, "pin_memory") is not None:
+        pinned = call_arg(node, "pin_memory")
+        turned_off = pinned is not None and dotted_name(pinned.value) == "False"
+        if not checkable_loader_call(self.ctx, node) or pinned is not None and not turned_off:
             return
         if len([a for a in node.args if a.keyword is None]) > _PIN_MEMORY_POSITION:
             return  # pin_memory passed positionally
         if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
                 or self._file_moves_to_device or self._escapes()):
             return  # a CPU-only consumer in this file (statistics, a test): pinning would not be used
+        if turned_off and not (self._file_moves_to_device and (self.ctx.analysis.cuda_evidence
+                                                               or self.ctx.analysis.maybe_cuda_evidence)):
+            return  # `pin_memory=False` where this file sends nothing to a GPU: nothing to speed up
         dataset = loader_arg(node, "dataset")
         if dataset is not None and self._yields_cuda(dataset.value):
             return
@@ -327,6 +361,11 @@ class DataloaderNoPinMemory(Rule):
             value += "()"
         else:
             value, imports = "True", ()
+        if turned_off:
+            self.report(node, "DataLoader with `pin_memory=False` in a CUDA program that moves its batches to the GPU: "
+                              "host-to-device copies run from pageable memory", replacements=((pinned.value, value),),
+                        imports=imports, safety=Safety.UNSAFE, note=_TURNED_OFF_NOTE)
+            return
         self.report(node, replacement=add_keyword(node, "pin_memory", value), imports=imports)
 
     def _source(self) -> str:

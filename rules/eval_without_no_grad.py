@@ -47,7 +47,8 @@ class EvalWithoutNoGrad(Rule):
     only uses the output as data (`.detach()`, `.numpy()`, `.item()`, a program helper such as `to_np()` that
     reads its argument back to the host): acting needs no graph. In a loop or step function that both acts and
     trains (a DQN loop: pick the action with the network, step the environment, then update), each network call
-    whose outputs are only read back to the host or handed to the environment before being replaced.
+    whose outputs are only read back to the host or handed to the environment before being replaced; and in a
+    tree search written as one loop (a network evaluation per simulation), each such call.
 
     ## Why is this slow
     With grad mode on, every forward op saves its inputs for a backward pass that never comes: activation
@@ -317,6 +318,44 @@ class EvalWithoutNoGrad(Rule):
             """,
             count=1,
         ),
+        Invalid(  # a tree search written inline: one evaluation per simulation, outputs read as data
+            """
+            import torch
+
+            def search(net, root, simulations):
+                for _ in range(simulations):
+                    leaf = root.select_leaf()
+                    x = torch.from_numpy(leaf.encode()).float().cuda()
+                    priors, value = net(x)
+                    priors = priors.detach().cpu().numpy()
+                    leaf.expand(priors)
+                    leaf.backup(value.item())
+                return root
+
+            def self_play(net, games):
+                for game in range(games):
+                    search(net, Root(), 800)
+            """,
+            fixed="""
+            import torch
+
+            def search(net, root, simulations):
+                for _ in range(simulations):
+                    leaf = root.select_leaf()
+                    x = torch.from_numpy(leaf.encode()).float().cuda()
+                    with torch.no_grad():
+                        priors, value = net(x)
+                    priors = priors.detach().cpu().numpy()
+                    leaf.expand(priors)
+                    leaf.backup(value.item())
+                return root
+
+            def self_play(net, games):
+                for game in range(games):
+                    search(net, Root(), 800)
+            """,
+            count=1,
+        ),
         Valid(  # the value computed late in the loop is trained on at the top of the next iteration
             """
             import torch
@@ -508,8 +547,11 @@ class EvalWithoutNoGrad(Rule):
         data (`.cpu().numpy()`, `.item()`, a host-reading helper, the environment's `step`) before being
         replaced: the action was picked with autograd recording. Each is reported with its statement wrapped
         in `torch.no_grad()`."""
-        if not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func)) for n in walk(region.body)):
-            return  # acting means stepping an environment or game here
+        searching = isinstance(region, (cst.For, cst.While)) and self.ctx.analysis.hot.get(
+            id(region)) is HotKind.ROLLOUT and not _NEEDS_GRAD.search(self.ctx.code(region))
+        if not searching and not any(isinstance(n, cst.Call) and is_env_step(dotted_name(n.func))
+                                     for n in walk(region.body)):
+            return  # acting means stepping an environment or game here, or evaluating positions of a search
         flow = LoaderFlow.of(self.ctx.analysis)
         key = self.ctx.analysis.key_of(function)
         readers = self._host_readers(key)
@@ -530,8 +572,9 @@ class EvalWithoutNoGrad(Rule):
             wrapped = cst.With(items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
                                body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
                                leading_lines=statement.leading_lines)
-            self.report(call, "The network picks an action with autograd recording on every environment step; "
-                              "its outputs are only read as data: run the call under `torch.no_grad()`",
+            self.report(call, "The network picks an action with autograd recording on every environment step or "
+                              "search simulation; its outputs are only read as data: run the call under "
+                              "`torch.no_grad()`",
                         replacements=[(statement, wrapped)], imports=imports, safety=Safety.UNSAFE)
 
     # -- helpers -----------------------------------------------------------------------------------

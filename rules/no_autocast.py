@@ -61,7 +61,8 @@ class NoAutocast(Rule):
     whose networks are mostly small, need the estimate itself, from the nearest code that shows layers and a
     batch size (the file, what it imports, the files its program certainly loads; a
     ResNet trained on batches of 1,024 positions is reported, a 256-wide MLP is not). fp64 code (torch.float64
-    in code, not in a docstring), code with custom CUDA/Triton kernels and test files are skipped. It also reports `model.half()` combined with autocast in the same training function (the AMP
+    in code, not in a docstring), code with custom CUDA/Triton kernels and test files are skipped. A project whose
+    requirement files pin torch below 1.10 (no `torch.autocast`) gets the finding without a fix. It also reports `model.half()` combined with autocast in the same training function (the AMP
     docs: do not call `.half()` on the model when using autocast), without a fix.
 
     ## Why is this slow
@@ -283,6 +284,7 @@ class NoAutocast(Rule):
         self._region_ancestors: dict[int, list[cst.CSTNode]] = {}
         self._halves: list[tuple[cst.Call, cst.CSTNode | None]] = []
         self._work_note: str | None = None
+        self._pinned_old = False
 
     def visit_For(self, node: cst.For) -> None:
         self._collect(node)
@@ -306,8 +308,10 @@ class NoAutocast(Rule):
     # -------------------------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        if not self._regions or is_test_path(self.ctx.path) or torch_pinned_below(self.ctx.path, (1, 10)):
-            return  # `torch.autocast` and bf16 autocast arrived in torch 1.10
+        if not self._regions or is_test_path(self.ctx.path):
+            return
+        # `torch.autocast` and bf16 autocast arrived in torch 1.10: a project pinning an older torch is told so
+        self._pinned_old = torch_pinned_below(self.ctx.path, (1, 10))
         self._half_with_autocast()
         texts = related_texts(self.ctx)
         joined = list(texts.values())
@@ -368,6 +372,11 @@ class NoAutocast(Rule):
         if not backwards:
             return
         if any(_FRAMEWORK_BACKWARD.search(dotted_name(c.func) or "") for c in backwards):
+            return
+        if self._pinned_old:
+            self.report(_statement_of(backwards[0], parents, region) or backwards[0],
+                        note="the project pins torch below 1.10, which has no `torch.autocast`: upgrade torch first"
+                             + (f"; {self._work_note}" if self._work_note else ""))
             return
         plans: dict[int, tuple[cst.IndentedBlock, list[tuple[int, int]]]] = {}
         ok = True

@@ -35,7 +35,9 @@ class Tf32NotEnabled(Rule):
     program, so a folder of independent examples is checked script by script. The finding is reported once, on the entry point: the `if __name__ == "__main__":` statement
     of a file that contains a training loop (a loop or step function that calls `.backward()` /
     `optimizer.step()`), or the first top-level training loop of a script without a guard. Library
-    modules, test files and fp64/scientific programs are never reported.
+    modules, test files and fp64/scientific programs are never reported. Projects pinning torch 1.7 to 1.11 are
+    not reported either (those versions ran fp32 matmuls in TF32 by default); a pin below 1.7, which has no TF32,
+    gets the finding without a fix.
 
     ## Why is this slow
     By default PyTorch computes fp32 matmuls in full IEEE fp32, which uses a small fraction of an Ampere+
@@ -224,8 +226,12 @@ class Tf32NotEnabled(Rule):
     def finish(self) -> None:
         ctx = self.ctx
         anchor = training_entry_anchor(ctx)
-        if anchor is None or is_test_path(ctx.path) or torch_pinned_below(ctx.path, (1, 12)):
-            return  # `set_float32_matmul_precision` arrived in torch 1.12
+        if anchor is None or is_test_path(ctx.path):
+            return
+        # torch 1.7 to 1.11 ran fp32 matmuls in TF32 by default; before 1.7 there was no TF32 at all (upgrade first)
+        pinned_before_tf32 = torch_pinned_below(ctx.path, (1, 7))
+        if not pinned_before_tf32 and torch_pinned_below(ctx.path, (1, 12)):
+            return
         texts = related_texts(ctx)
         joined = list(texts.values())
         if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
@@ -243,6 +249,10 @@ class Tf32NotEnabled(Rule):
         note = work.explain() if work is not None and not work.convolutional else None
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
+        if pinned_before_tf32:
+            self.report(anchor, note="the project pins torch below 1.7, which has no TF32: upgrade torch first"
+                                     + (f"; {note}" if note else ""))
+            return
         uses_new = any(mentions(_NEW_API_TEXT, text) for text in joined)
         uses_legacy = any(mentions(_LEGACY_API_TEXT, text) for text in joined)
         edit = None if uses_new and uses_legacy else self._insertion(anchor, new_api=uses_new)

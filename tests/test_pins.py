@@ -99,3 +99,37 @@ def test_amp_fix_is_unsafe_where_the_project_admits_an_older_torch(tmp_path: Pat
     pins._torch_specs.cache_clear()  # requirement files are read once per run
     [finding] = run([str(tmp_path / "train.py")], [rule_by_code("GPU022")], jobs=1).diagnostics
     assert finding.fix is not None and finding.fix.safety is Safety.SAFE
+
+
+PRECISION_TRAIN = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    batch_size = 512
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1000):
+        x = torch.randn(batch_size, 1024, device="cuda")
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+""")
+
+
+@pytest.mark.parametrize(("pin", "expected"), [
+    (None, {"GPU020": True, "GPU023": True}),
+    ("1.9.0", {"GPU023": False}),  # 1.7-1.11 ran matmuls in TF32 by default; no torch.autocast before 1.10
+    ("1.5.0", {"GPU020": False, "GPU023": False}),  # no TF32 at all: reported, upgrade first
+])
+def test_precision_findings_name_an_old_pin_instead_of_fixing(tmp_path: Path, pin, expected):
+    (tmp_path / ".git").mkdir()
+    if pin:
+        (tmp_path / "requirements.txt").write_text(f"torch=={pin}\n")
+    path = tmp_path / "train.py"
+    path.write_text(PRECISION_TRAIN)
+    found = {d.code: d.fix is not None
+             for d in lint_text(PRECISION_TRAIN, str(path), [rule_by_code("GPU020"), rule_by_code("GPU023")]).diagnostics}
+    assert found == expected
+    notes = [d.note or "" for d in lint_text(PRECISION_TRAIN, str(path), [rule_by_code("GPU023")]).diagnostics]
+    assert all("upgrade torch" in note for note in notes) is bool(pin)

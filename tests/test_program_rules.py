@@ -399,3 +399,32 @@ def test_an_import_is_not_resolved_into_a_sibling_project(tmp_path: Path):
         "    train(model)\n")
     result = run([str(tmp_path)], [rule_by_code("GPU020")], jobs=1)
     assert [(Path(d.path).parent.name, Path(d.path).name) for d in result.diagnostics] == [("snli", "train.py")]
+
+
+def test_a_search_reached_through_a_parameter_is_hot_despite_a_test_mock(tmp_path: Path):
+    """The program passes `self.model` (not a plain name) to `run(model, ...)`, the unit tests a mock with its own
+    `predict`: the mock must not hide that `model.predict` is the network's helper, run once per simulation;
+    its outputs come from `self.forward(x)`, so reading them back is a sync per simulation."""
+    (tmp_path / "model.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass BoardNet(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(9, 10)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)[:, :9], self.fc(x)[:, 9]\n\n"
+        "    def predict(self, board):\n"
+        "        x = torch.FloatTensor(board).to('cuda')\n"
+        "        with torch.no_grad():\n            pi, v = self.forward(x)\n"
+        "        return pi.data.cpu().numpy(), v.item()\n")
+    (tmp_path / "search.py").write_text(
+        "def run(model, state, simulations):\n    for _ in range(simulations):\n"
+        "        priors, value = model.predict(state)\n        state = state.expand(priors, value)\n"
+        "    return state\n")
+    (tmp_path / "tests.py").write_text(
+        "from search import run\n\n\nclass MockModel:\n    def predict(self, board):\n        return [0.5], 0.0\n\n\n"
+        "def test_run():\n    run(MockModel(), None, 10)\n")
+    (tmp_path / "main.py").write_text(
+        "from model import BoardNet\nfrom search import run\n\n\nclass Trainer:\n"
+        "    def __init__(self, model):\n        self.model = model.cuda()\n\n"
+        "    def play(self, state):\n        return run(self.model, state, 100)\n\n\n"
+        "trainer = Trainer(BoardNet())\nwhile True:\n    trainer.play(None)\n")
+    result = run([str(tmp_path)], [rule_by_code(c) for c in ("GPU005", "GPU013")], jobs=1)
+    found = sorted((Path(d.path).name, d.line, d.code) for d in result.diagnostics)
+    assert found == [("model.py", 14, "GPU013"), ("model.py", 17, "GPU005")]

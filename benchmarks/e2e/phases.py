@@ -1,6 +1,9 @@
-"""Split a self-play script's train time into playing (the functions named on the command line) and the rest.
+"""Split a script's train time into the functions or methods named on the command line and the rest.
 
-    python benchmarks/e2e/phases.py SCRIPT FUNCTION [FUNCTION ...] [-- SCRIPT_ARGS]
+    python benchmarks/e2e/phases.py SCRIPT NAME [NAME ...] [-- SCRIPT_ARGS]
+
+A NAME is a module-level function (`play_game`) or a method (`PPO.collect`); each call is timed between two
+device synchronisations, so queued GPU work is charged to the phase that queued it.
 """
 import importlib.util
 import sys
@@ -19,7 +22,9 @@ def main():
     spec.loader.exec_module(module)
     spent = {name: 0.0 for name in names}
     for name in names:
-        inner = getattr(module, name)
+        owner_name, _, attribute = name.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        inner = getattr(owner, attribute)
 
         def timed(*args, _inner=inner, _name=name, **kwargs):
             if torch.cuda.is_available():
@@ -30,7 +35,7 @@ def main():
                 torch.cuda.synchronize()
             spent[_name] += time.perf_counter() - start
             return result
-        setattr(module, name, timed)
+        setattr(owner, attribute, timed)
     sys.argv = [path, *script_args]
     start = time.perf_counter()
     module.main()

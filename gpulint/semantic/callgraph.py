@@ -23,6 +23,7 @@ from typing import Callable, TypeVar
 from pathlib import PurePosixPath
 
 from gpulint import legacy
+from gpulint.rule import is_test_path
 from gpulint.semantic import vocab
 
 T = TypeVar("T")
@@ -324,7 +325,8 @@ class _Summariser:
             gated = throttled or _throttling(node.test, self.constants)
             # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
             self._visit_block(node.body, fn, loops, gated or bool(loops) and _leaves(node.body), owner)
-            self._visit_block(node.orelse, fn, loops, gated or bool(loops) and _leaves(node.orelse), owner)
+            # the `else:` of a throttling test runs the other times: usually (`if args.render: ... else: train`)
+            self._visit_block(node.orelse, fn, loops, throttled or bool(loops) and _leaves(node.orelse), owner)
             return
         if isinstance(node, (ast.With, ast.AsyncWith)):
             self._scan_expressions([item.context_expr for item in node.items], fn, loops, throttled)
@@ -788,6 +790,8 @@ class CallGraph:
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
+        if not is_test_path(path):  # a test's mock (`class MockModel: def predict`) is not what the program runs
+            candidates = [(p, k) for p, k in candidates if not is_test_path(p)]
         if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1:
             return candidates
         nearest = self._nearest(path, sorted({p for p, _ in candidates}))
@@ -818,12 +822,15 @@ class CallGraph:
         site, the values of interest with their keyword or position."""
         bound: dict[tuple[str, str, str], list[T]] = {}
         for path, summary in self.files.items():
+            in_test = is_test_path(path)
             for fn in summary.functions.values():
                 for site in fn.sites:
                     passed = arguments(path, summary, fn, site)
                     if not passed:
                         continue
                     for callee_path, callee_key in self.resolve(path, fn, site.target):
+                        if in_test and not is_test_path(callee_path):
+                            continue  # what a test passes (a mock) says nothing of what the program passes
                         params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
                         for slot, value in passed:
                             param = params[slot] if isinstance(slot, int) and slot < len(params) else slot

@@ -85,7 +85,7 @@ _BUILTIN_NON_TENSOR = {"len", "range", "int", "float", "bool", "str", "list", "t
                        "format", "abs", "divmod", "hash", "ord", "chr"}
 _CONTAINER_CALLS = {"list", "dict", "tuple", "set", "defaultdict", "OrderedDict", "deque", "collections.defaultdict",
                     "collections.OrderedDict", "collections.deque"}
-_DEVICE_NAME = re.compile(r"device|^dev$|_dev$|cuda|gpu|rank", re.I)
+_DEVICE_NAME = re.compile(r"device|^dev$|_dev$|^dvc$|_dvc$|cuda|gpu|rank", re.I)
 _MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
                          r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
 _CPU_NAME = re.compile(r"cpu|host", re.I)
@@ -455,6 +455,8 @@ class Placement:
             return self.of(node.args[0].value, depth + 1, before)
         if qual.startswith("torch."):
             return self._torch_call(node, qual, depth, before)
+        if name == "forward" and isinstance(node.func, cst.Attribute) and self.ev.is_module(node.func.value):
+            return self._module_call(node, depth, before)  # `self.forward(x)`: the module called directly
         if name is not None and isinstance(node.func, cst.Attribute):
             return self._method(node, name, depth, before)
         # a call of a module instance: `model(x)`, `self.encoder(x)`, `criterion(out, y)`
@@ -518,6 +520,8 @@ class Placement:
             if built is not None:  # `Categorical(logits=l).sample()`: a tensor where its parameters live
                 kinds = [self.of(arg.value, depth + 1, before) for arg in built.args if not arg.star]
                 return DEVICE if DEVICE in kinds else HOST if kinds and set(kinds) <= {HOST, NONTENSOR} else TENSOR
+            if name in _DISTRIBUTION_ONLY:  # `dist = actor.get_dist(s)`, `dist.log_prob(a)`: a tensor by use
+                return TENSOR
         if name in _NON_TENSOR_METHODS:
             if name == "numpy" or name in ("item", "tolist"):
                 return NONTENSOR
@@ -649,6 +653,8 @@ class Placement:
 
 _TENSORS_BY_USE: dict[int, tuple[cst.CSTNode, frozenset[str]]] = {}
 # what a torch.distributions object returns: tensors
+# methods only distributions have (`sample` is also a replay buffer's, `entropy` a tree's)
+_DISTRIBUTION_ONLY = frozenset({"log_prob", "rsample"})
 _DISTRIBUTION_OUTPUTS = frozenset({"sample", "rsample", "log_prob", "entropy", "cdf", "icdf", "sample_n",
                                    "enumerate_support"})
 # methods numpy arrays, Python numbers and containers do not have
