@@ -398,6 +398,20 @@ class HostSyncInHotLoop(Rule):
             """,
             count=1,
         ),
+        Invalid(  # reads on one line are one finding (the GPU is idle after the first); each further line one more
+            """
+            import torch
+            for x, y in loader:
+                out = model(x.cuda())
+                loss = criterion(out, y.cuda())
+                loss.backward()
+                optimizer.step()
+                logged = (loss.item(), out.mean().item(),
+                          out.std().item())
+                history.append(logged)
+            """,
+            count=2,
+        ),
         Invalid(  # the check itself reads the loss every step; the message in the exiting branch does not count
             """
             import math
@@ -486,7 +500,7 @@ class HostSyncInHotLoop(Rule):
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__(ctx)
         self._enabled = ctx.targets_cuda()
-        self._reported_statements: set[int] = set()
+        self._reported_statements: dict[int, list[cst.CSTNode]] = {}  # id(statement) -> the reads reported in it
         self._synchronizing_loops: dict[int, bool] = {}
 
     # -- where are we ------------------------------------------------------------------------
@@ -540,6 +554,14 @@ class HostSyncInHotLoop(Rule):
                 return True
         return False
 
+    def _on_a_line_of_its_own(self, reported: list[cst.CSTNode], node: cst.CSTNode) -> bool:
+        """Is `node` on another line than the reads already reported in its statement (a tuple of `.item()`s
+        written over several lines)? Positions come from one code generation, needed only for such statements."""
+        from gpulint.engine import node_positions  # the engine imports the rules' base: import at use
+
+        positions = node_positions(self.ctx.module, [*reported, node])
+        return positions[id(node)][0] not in {positions[id(n)][0] for n in reported}
+
     def _feeds_environment(self) -> bool:
         """Is the synced value handed to a CPU environment (`envs.step(actions)`)? That copy is inherent to
         acting in a host-side simulator."""
@@ -565,9 +587,10 @@ class HostSyncInHotLoop(Rule):
         statement = next((n for n in reversed(self.ctx.ancestors)
                           if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement))), None)
         if statement is not None:
-            if id(statement) in self._reported_statements:
-                return  # one finding per statement: after its first read the GPU is idle, the rest are cheap
-            self._reported_statements.add(id(statement))
+            reported = self._reported_statements.setdefault(id(statement), [])
+            if reported and not self._on_a_line_of_its_own(reported, node):
+                return  # one finding per line: after its first read the GPU is idle, the rest are cheap
+            reported.append(node)
         if severity is Severity.WARNING and self._feeds_environment():
             self.report(node, f"{what} feeds a host-side environment: a GPU sync every environment step; for "
                               "small policies consider acting on the CPU, or a GPU-vectorised environment",
