@@ -94,13 +94,14 @@ class Report:
 
 _DOC_HEADINGS = ("## What it does", "## Why is this slow", "## Example", "## Use instead", "## Fix safety")
 _CODE = re.compile(r"^GPU\d{3}$")
-_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)(conftest|tests?)\.py$")
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)(conftest|tests)\.py$")
 _TEST_FUNCTION = re.compile(r"^_?test_|^test$")
 _TEST_FRAMEWORKS = ("pytest", "unittest")
 
 
 def is_test_path(path: str) -> bool:
-    """A file under tests/ or named like a test (`test_x.py`, `x_test.py`, `tests.py`, `conftest.py`)."""
+    """A file under tests/ or named like a test (`test_x.py`, `x_test.py`, `tests.py`, `conftest.py`); not
+    `test.py`, which in training code is usually the evaluation script."""
     return bool(_TEST_PATH.search(posixpath.normpath(path.replace("\\", "/"))))
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 

@@ -273,3 +273,14 @@ def test_values_flow_from_a_network_call_until_read_as_data() -> None:
     flow = flow_from(function, calls, lambda value, _: bool(re.search(r"\.item\(", cst.Module([]).code_for_node(value))))
     assert {"h", "out"} <= flow.names and flow.kept  # `self.last = out` keeps an output
     assert "score" not in flow.names and "n" not in flow.names
+
+
+@pytest.mark.parametrize(("path", "is_test"), [
+    ("tests.py", True), ("pkg/tests.py", True), ("test_model.py", True), ("model_test.py", True),
+    ("tests/helpers.py", True), ("conftest.py", True),
+    ("test.py", False), ("src/test.py", False),  # an evaluation script in training code (yolov7/test.py)
+    ("train.py", False), ("contest.py", False),
+])
+def test_test_files_are_told_from_evaluation_scripts(path: str, is_test: bool) -> None:
+    from gpulint.rule import is_test_path
+    assert is_test_path(path) is is_test
