@@ -277,6 +277,7 @@ class Work(NamedTuple):
     macs: int  # multiply-adds of the largest GEMM (or convolution) per step, as estimated
     basis: str  # how: "22016 rows (512 x 43 tokens) x 256 x 256"
     convolutional: bool
+    recurrent: bool = False  # the largest kernels are an RNN's, which cuDNN already runs in TF32
 
     @property
     def pays(self) -> bool:
@@ -315,7 +316,7 @@ def work_per_step(texts: dict[str, str]) -> Work | None:
     width = max(widths)
     names = {name for name, _ in layers}
     if names and all(name in _RNN or name == "Embedding" for name in names) and names & set(_RNN):
-        return Work(batch * width * 4 * width, f"{batch} rows per time step x {width} x {4 * width}", False)
+        return Work(batch * width * 4 * width, f"{batch} rows per time step x {width} x {4 * width}", False, True)
     length = max(lengths, default=1) if names & set(_SEQUENCE_LAYERS) or lengths else 1
     rows = batch * length
     shape = f"{rows} rows ({batch} x {length} tokens)" if length > 1 else f"{rows} rows"
