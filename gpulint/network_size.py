@@ -119,6 +119,10 @@ def _sizes(text: str) -> _Sizes:
                 length = _positional_table_length(node.value, constants)
                 if length is not None:
                     sized["length"].append(length)
+        elif isinstance(node, ast.Dict):  # a config dict: `{"emb_dim": 768, "context_length": 1024}`
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    _record(sized, key.value, value)
         elif isinstance(node, ast.arguments):
             positional = node.posonlyargs + node.args
             for arg, default in zip(positional[len(positional) - len(node.defaults):], node.defaults):

@@ -284,3 +284,13 @@ def test_values_flow_from_a_network_call_until_read_as_data() -> None:
 def test_test_files_are_told_from_evaluation_scripts(path: str, is_test: bool) -> None:
     from gpulint.rule import is_test_path
     assert is_test_path(path) is is_test
+
+
+def test_work_estimate_reads_config_dicts() -> None:
+    """LLM code keeps its sizes in a config dict (`GPT_CONFIG = {"emb_dim": 768, ...}`), not in keywords."""
+    from gpulint.network_size import work_per_step
+    text = ('import torch.nn as nn\n'
+            'CONFIG = {"vocab_size": 50257, "context_length": 256, "emb_dim": 768, "batch_size": 2}\n'
+            'head = nn.Linear(CONFIG["emb_dim"], CONFIG["vocab_size"])\n')
+    work = work_per_step({"gpt.py": text})
+    assert work is not None and work.macs == 2 * 256 * 768 * 768 and work.pays
