@@ -372,6 +372,66 @@ class EvalWithoutNoGrad(Rule):
                 print(next_value.item())
             """
         ),
+        Invalid(  # the log-probability is detached before it is returned: no graph is kept for a REINFORCE loss
+            """
+            import torch
+            from torch.distributions import Categorical
+
+            class Agent:
+                def get_action(self, obs):
+                    logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
+                    dist = Categorical(logits=logits)
+                    action = dist.sample()
+                    log_prob = dist.log_prob(action)
+                    return action.detach().numpy(), log_prob.detach()
+
+                def rollout(self, env):
+                    obs = env.reset()
+                    for t in range(2048):
+                        action, log_prob = self.get_action(obs)
+                        obs, reward, done, _ = env.step(action)
+            """,
+            fixed="""
+            import torch
+            from torch.distributions import Categorical
+
+            class Agent:
+                @torch.no_grad()
+                def get_action(self, obs):
+                    logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
+                    dist = Categorical(logits=logits)
+                    action = dist.sample()
+                    log_prob = dist.log_prob(action)
+                    return action.detach().numpy(), log_prob.detach()
+
+                def rollout(self, env):
+                    obs = env.reset()
+                    for t in range(2048):
+                        action, log_prob = self.get_action(obs)
+                        obs, reward, done, _ = env.step(action)
+            """,
+            count=1,
+        ),
+        Valid(  # REINFORCE: the log-probability leaves with its graph, the update backpropagates through it
+            """
+            import torch
+            from torch.distributions import Categorical
+
+            class Agent:
+                def get_action(self, obs):
+                    dist = Categorical(logits=self.actor(torch.as_tensor(obs, dtype=torch.float32)))
+                    action = dist.sample()
+                    log_prob = dist.log_prob(action)
+                    return action.item(), log_prob
+
+                def rollout(self, env):
+                    obs = env.reset()
+                    for t in range(2048):
+                        action, log_prob = self.get_action(obs)
+                        self.log_probs.append(log_prob)
+                        obs, reward, done, _ = env.step(action)
+            """
+        ),
         Valid(  # the acting outputs are kept for the update (an actor-critic's log-probabilities and values)
             """
             import torch
@@ -491,13 +551,14 @@ class EvalWithoutNoGrad(Rule):
         calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
                  and not _under_grad_mode(self.ctx, flow, c, node)]
         body = self.ctx.code(node.body)
-        if calls and _NEEDS_GRAD.search(body) and not re.search(r"\blog_prob", body):
-            self._check_acting_calls(node, node)  # acting and training in one function: judge each call
-            return
-        if not calls or _NEEDS_GRAD.search(body) or re.search(r"\blog_prob", body):
-            return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
         key = self.ctx.analysis.key_of(node)
         readers = self._host_readers(key)  # `to_np(q)`: a program helper reading its argument back to the host
+        keeps_log_prob = bool(re.search(r"\blog_prob", body)) and _keeps_log_prob_graph(flow, node, readers)
+        if calls and _NEEDS_GRAD.search(body) and not keeps_log_prob:
+            self._check_acting_calls(node, node)  # acting and training in one function: judge each call
+            return
+        if not calls or _NEEDS_GRAD.search(body) or keeps_log_prob:
+            return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
         if readers:
             calls = [c for c in calls if _read_back(node, c, readers)]
             if not calls:
@@ -731,8 +792,24 @@ def _assigning_statement(region: cst.CSTNode, call: cst.Call) -> cst.SimpleState
     return None
 
 
+_HOST_READS = ("cpu", "numpy", "item", "tolist")
+
+
+def _keeps_log_prob_graph(flow: LoaderFlow, function: cst.FunctionDef, readers: frozenset[str]) -> bool:
+    """Does the function keep a log-probability with its graph (REINFORCE trains on it later)? Not when each
+    `dist.log_prob(a)` is bound to a name that is only read as data (`return action, log_prob.detach()`);
+    a `log_prob` that is no such call (a network output named so) is taken as kept."""
+    calls = [n for n in walk(function.body) if isinstance(n, cst.Call) and method_name(n) == "log_prob"]
+    for call in calls:
+        statement = _assigning_statement(function, call)
+        if statement is None or not _only_read_as_data(flow, function, statement, readers,
+                                                       (*_HOST_READS, "detach")):
+            return True
+    return not calls
+
+
 def _only_read_as_data(flow: LoaderFlow, region: cst.CSTNode, defining: cst.SimpleStatementLine,
-                       readers: frozenset[str]) -> bool:
+                       readers: frozenset[str], reading: tuple[str, ...] = _HOST_READS) -> bool:
     """In source order after `defining`, every use of the names it binds (and of values computed from them) reads
     them as data or hands them to the environment, until they are rebound; at least one such read exists."""
     assign = defining.body[0]
@@ -761,7 +838,7 @@ def _only_read_as_data(flow: LoaderFlow, region: cst.CSTNode, defining: cst.Simp
         if not used & alive:
             alive -= targets  # rebound to something else
             continue
-        if used & alive <= _names_read_on_host(unit, readers):
+        if used & alive <= _names_read_on_host(unit, readers, reading):
             reads += 1
             alive -= targets  # host data now
             continue
@@ -800,14 +877,16 @@ def _bound_by(assigns: list[cst.Assign]) -> set[str]:
     return set().union(*(names_in(t.target) for a in assigns for t in a.targets))
 
 
-def _names_read_on_host(unit: cst.CSTNode, readers: frozenset[str]) -> set[str]:
+def _names_read_on_host(unit: cst.CSTNode, readers: frozenset[str], reading: tuple[str, ...] = _HOST_READS
+                        ) -> set[str]:
     """Names whose values this statement reads back to the host: inside what `.cpu()`, `.numpy()`, `.item()` or
-    `.tolist()` is called on, or passed to a host-reading helper of the program or to an environment's step."""
+    `.tolist()` (`reading`) is called on, or passed to a host-reading helper of the program or to an environment's
+    step."""
     read: set[str] = set()
     for node in walk(unit):
         if not isinstance(node, cst.Call) or not isinstance(node.func, (cst.Name, cst.Attribute)):
             continue
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cpu", "numpy", "item", "tolist"):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in reading:
             read |= names_in(node.func.value)
         elif (node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value) in readers \
                 or is_env_step(dotted_name(node.func)):
