@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, method_name, walk
+from gpulint.analysis import BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import DEVICE, TENSOR, Placement
@@ -36,7 +36,9 @@ class FactoryThenMove(Rule):
     ## What it does
     Finds tensors created on the CPU and moved right away: `torch.zeros(n).cuda()`,
     `torch.ones(b, d).to(device)`, `torch.randn(shape).to(device)`, or moved by indexing a GPU tensor with
-    them in the step (`pmfs[torch.arange(n), actions]`, which copies the index to the GPU and waits).
+    them in the step (`pmfs[torch.arange(n), actions]`, which copies the index to the GPU and waits). Also
+    noise drawn in the step from a `torch.distributions` object whose parameters are Python numbers
+    (`Normal(0, 1).sample(shape).to(device)`): it is drawn on the CPU and copied (reported without a fix).
 
     ## Why is this slow
     The tensor is allocated and filled in host memory, then copied to the GPU with a blocking pageable copy
@@ -79,6 +81,32 @@ class FactoryThenMove(Rule):
     priority = "P2"
     triggers = (".to(", ".cuda(")
     examples = [
+        Invalid(  # noise from a distribution with Python-number parameters: drawn on the CPU, copied every step
+            """
+            import torch
+            from torch.distributions import Normal
+            device = torch.device("cuda")
+            for step in range(1000):
+                mean, log_std = policy(obs)
+                normal = Normal(0, 1)
+                z = normal.sample(mean.shape).to(device)  # error: GPU015
+                action = torch.tanh(mean + log_std.exp() * z)
+                loss = critic(obs, action).mean()
+                loss.backward()
+            """
+        ),
+        Valid(  # the distribution's parameters are the network's (device) outputs: it samples on the device
+            """
+            import torch
+            from torch.distributions import Normal
+            device = torch.device("cuda")
+            for step in range(1000):
+                mean, std = policy(obs)
+                z = Normal(mean, std).rsample().to(device)
+                loss = critic(obs, z).mean()
+                loss.backward()
+            """
+        ),
         Valid(  # zero elements: the "copy" moves nothing
             """
             import torch
@@ -199,6 +227,12 @@ class FactoryThenMove(Rule):
         factory = node.func.value
         kind = self._factory_kind(factory) if isinstance(factory, cst.Call) else None
         if kind is None or not isinstance(factory, cst.Call):
+            if self._cpu_noise(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
+                    and self._move(node, name) is not None:
+                self.report(node, "Noise drawn on the CPU from a distribution with Python-number parameters, then "
+                                  "copied to the GPU every step: draw it on the device (`torch.randn(shape, "
+                                  "device=...)` for a standard normal, or parameters that are device tensors)")
+                return
             self._moved_later(node, name, factory)
             return
         if any(arg.star for arg in node.args) or not _placeable(factory):
@@ -250,6 +284,27 @@ class FactoryThenMove(Rule):
             safety = Safety.UNSAFE
             note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
         self.report(node, replacement=replacement, safety=safety, note=note)
+
+    def _cpu_noise(self, value: cst.BaseExpression) -> bool:
+        """`Normal(0, 1).sample(shape)`, also through names bound once (`z = normal.sample(s)`, `normal =
+        Normal(0, 1)`): a `torch.distributions` object whose parameters are Python numbers samples on the CPU."""
+        value = self._bound_value(value)
+        if not (isinstance(value, cst.Call) and method_name(value) in ("sample", "rsample")
+                and isinstance(value.func, cst.Attribute)):
+            return False
+        distribution = self._bound_value(value.func.value)
+        if not isinstance(distribution, cst.Call) or not distribution.args:
+            return False
+        return (self.ctx.qualname(distribution.func) or "").startswith("torch.distributions.") and all(
+            not arg.star and is_numeric_literal(arg.value) for arg in distribution.args)
+
+    def _bound_value(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        if not isinstance(value, cst.Name):
+            return value
+        bindings = self.ctx.analysis.reaching_bindings(value.value, self.ctx.ancestors)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
+            return None
+        return bindings[0].value
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         """`gpu_tensor[torch.arange(n), y]` in the step: the index is made on the CPU and copied by the indexing."""

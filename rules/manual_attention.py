@@ -67,10 +67,12 @@ class ManualAttention(Rule):
     function (logged, reduced to a statistic), when the scale may be a tensor (SDPA takes a Python float),
     when the softmax runs in another dtype, or when the mask is applied before the scaling.
 
-    Not reported when the weights (or the scores) leave the function: returned or yielded (alone or in a
-    tuple, dict or output record), stored on an object attribute, appended to a list, or put in a container
-    that is returned or stored. SDPA cannot return the weights, so such code (an eager fallback that
-    returns attention maps, a layer that keeps them for visualisation) has nothing to switch to.
+    Not reported when the weights (or the scores) leave the function otherwise: returned on request (an
+    `output_attentions` flag) or in a dict or output record, yielded, stored on an object attribute, appended
+    to a list, or put in a container that is returned or stored. SDPA cannot return the weights, so such code
+    (an eager fallback that returns attention maps, a layer that keeps them for visualisation) has nothing to
+    switch to. A function that always ends in `return output, weights` (the usual hand-written transformer,
+    whose callers mostly drop the weights) is reported without a fix.
     """
 
     code = "GPU030"
@@ -134,11 +136,38 @@ class ManualAttention(Rule):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~pad, scale=0.125)
             """,
         ),
-        Valid(  # the weights are returned: SDPA cannot give them
+        Invalid(  # an `nn.Softmax(dim=-1)` module and the transposed keys bound to a name first
+            """
+            import math
+            import torch
+            from torch import nn
+            class Attention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+                def forward(self, q, k, v):
+                    k_t = k.transpose(2, 3)
+                    score = (q @ k_t) / math.sqrt(q.size(-1))
+                    score = self.softmax(score)
+                    return score @ v
+            """,
+            fixed="""
+            import math
+            import torch
+            from torch import nn
+            class Attention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+                def forward(self, q, k, v):
+                    return nn.functional.scaled_dot_product_attention(q, k, v)
+            """,
+        ),
+        Invalid(  # the weights are always returned: reported without a fix (SDPA cannot give them)
             """
             import torch
             def attention(q, k, v):
-                p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+                p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # error: GPU030
                 return p @ v, p
             """
         ),
@@ -266,8 +295,15 @@ class ManualAttention(Rule):
                 trace.rank is None or trace.softmax_dim != trace.rank - 1):
             return  # softmax over a dim that is not the key dim: not attention
         final = block.body[final_index]
+        if self._weights_escape(trace, block, final_index, returns=False):
+            return  # the weights are kept (stored on an object, collected): SDPA cannot give them
         if self._weights_escape(trace, block, final_index):
-            return  # the caller gets the weights (returned, stored, collected): SDPA cannot give them
+            function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
+            if function is not None and _always_returned(function, set(trace.names)):
+                # `return output, attn` on every call (no `output_attentions` flag): callers that drop or only
+                # visualise the weights (most hand-written transformers) could use SDPA
+                self.report(_statement_of_chain(block, trace, anchor), note=_RETURNED_NOTE)
+            return  # the caller gets the weights: SDPA cannot give them
         tracer.check_uses(trace, final, anchor, probs, self.ctx.ancestors[:stmt_index_in_ancestors + 1])
         problems = list(trace.problems)
         call, imports, note = None, (), None
@@ -275,8 +311,7 @@ class ManualAttention(Rule):
             call, imports, note = self._build_call(trace, value, problems)
         if call is not None and call_arg(call, "scale") is not None and torch_pinned_below(self.ctx.path, (2, 1)):
             problems.append("the project pins torch below 2.1, whose SDPA has no `scale=`")
-        # spread over statements, the attention is reported where it starts (the scores), as people point at it
-        start = block.body[min(trace.consumed)] if trace.consumed else anchor
+        start = _statement_of_chain(block, trace, anchor)
         if problems or call is None:
             self.report(start, note=_problem_note(problems))
             return
@@ -291,8 +326,8 @@ class ManualAttention(Rule):
         new_owner = owner.deep_replace(block, new_block)
         self.report(start, replacements=[(owner, new_owner)], imports=imports, note=note)
 
-    def _weights_escape(self, trace: "_Trace", block: cst.CSTNode, final_index: int) -> bool:
-        """Do the attention weights (the chain's temporaries) leave the function or get stored?"""
+    def _weights_escape(self, trace: "_Trace", block: cst.CSTNode, final_index: int, returns: bool = True) -> bool:
+        """Do the attention weights (the chain's temporaries) leave the function (when `returns`) or get stored?"""
         stmts: Sequence[cst.CSTNode] = block.body  # type: ignore[attr-defined]
         final = stmts[final_index]
         function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
@@ -310,15 +345,15 @@ class ManualAttention(Rule):
             for name in (_assigned_names(stmts[j]) & after) - killed.keys():
                 if name not in _names_read(stmts[j]):
                     killed[name] = j
-        if _weights_escape([scope], after - killed.keys(), params):
+        if _weights_escape([scope], after - killed.keys(), params, returns):
             return True
         for name, j in killed.items():
-            if _weights_escape(stmts[final_index + 1:j], {name}, params):
+            if _weights_escape(stmts[final_index + 1:j], {name}, params, returns):
                 return True
         # between the chain's statements every chain name holds the scores or the weights
         consumed = set(trace.consumed)
         between = [stmts[j] for j in range(min(consumed, default=final_index), final_index) if j not in consumed]
-        return _weights_escape(between, names, params)
+        return _weights_escape(between, names, params, returns)
 
     def _next_to_fused_attention(self) -> bool:
         for node in reversed(self.ctx.ancestors):
@@ -571,8 +606,11 @@ class _Tracer:
         if not isinstance(expr, cst.Call) or has_star_args(expr):
             return None
         qual = self.ctx.qualname(expr.func)
+        module_dim = self._softmax_module_dim(expr.func) if len(expr.args) == 1 else None
         if qual in _SOFTMAX_FUNCTIONS:
             x, dim = call_arg(expr, "input", 0), call_arg(expr, "dim", 1)
+        elif module_dim is not None and expr.args[0].keyword is None:  # `self.softmax(x)`, an `nn.Softmax(dim=-1)`
+            x, dim = expr.args[0], cst.Arg(module_dim)
         elif method_name(expr) == "softmax" and qual is None:
             assert isinstance(expr.func, cst.Attribute)
             receiver = expr.func.value
@@ -580,11 +618,6 @@ class _Tracer:
             if module_dim is not None:
                 return None  # `self.softmax.softmax(...)`: not a pattern
             x, dim = cst.Arg(receiver), call_arg(expr, "dim", 0)
-        elif len(expr.args) == 1 and expr.args[0].keyword is None:
-            module_dim = self._softmax_module_dim(expr.func)
-            if module_dim is None:
-                return None
-            x, dim = expr.args[0], cst.Arg(module_dim)
         else:
             return None
         if x is None or dim is None:
@@ -694,6 +727,11 @@ class _Tracer:
         return None
 
     def _qk(self, left: cst.BaseExpression, right: cst.BaseExpression, pos: int, t: _Trace) -> _Trace | None:
+        if isinstance(right, cst.Name):  # `k_t = k.transpose(2, 3)` a statement before `q @ k_t`
+            got = self.resolve(right.value, pos, t)
+            if got is None or got[2] is not None:
+                return None
+            right = got[0]
         transposed = _transposed_last_two(self.ctx, right)
         if transposed is None:
             return None
@@ -1426,10 +1464,30 @@ def _scope_nodes(roots: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
         stack.extend(child_nodes(current))
 
 
-def _weights_escape(roots: Sequence[cst.CSTNode], weights: set[str], params: set[str]) -> bool:
-    """Are the names in `weights` (or a container, view or alias of them) returned, yielded, stored on an
-    object, in a container that escapes, or appended to a list anywhere under `roots`? `params` (the
-    function's parameters) are containers owned by the caller."""
+_RETURNED_NOTE = ("no fix: the function returns the attention weights, which SDPA cannot give; where callers drop "
+                  "them or only visualise them, return the output alone and call `F.scaled_dot_product_attention`")
+
+
+def _always_returned(function: cst.FunctionDef, weights: set[str]) -> bool:
+    """Does the function end, unconditionally, in `return output, weights` (a tuple naming the weights)?"""
+    body = function.body.body if isinstance(function.body, cst.IndentedBlock) else ()
+    last = body[-1] if body else None
+    if not isinstance(last, cst.SimpleStatementLine):
+        return False
+    returned = last.body[-1]
+    return isinstance(returned, cst.Return) and isinstance(returned.value, cst.Tuple) and any(
+        isinstance(e.value, cst.Name) and e.value.value in weights for e in returned.value.elements)
+
+
+def _statement_of_chain(block: cst.CSTNode, trace: "_Trace", anchor: cst.BaseExpression) -> cst.CSTNode:
+    """Where the attention starts (its scores' statement), as people point at it."""
+    return block.body[min(trace.consumed)] if trace.consumed else anchor  # type: ignore[attr-defined]
+
+
+def _weights_escape(roots: Sequence[cst.CSTNode], weights: set[str], params: set[str], returns: bool = True) -> bool:
+    """Are the names in `weights` (or a container, view or alias of them) returned or yielded (when `returns`),
+    stored on an object, in a container that escapes, or appended to a list anywhere under `roots`? `params`
+    (the function's parameters) are containers owned by the caller."""
     if not weights:
         return False
     carriers = set(weights)
@@ -1437,7 +1495,7 @@ def _weights_escape(roots: Sequence[cst.CSTNode], weights: set[str], params: set
     for _ in range(8):  # aliases and containers of the weights, to a fixed point
         before = len(carriers)
         for node in nodes:
-            if isinstance(node, (cst.Return, cst.Yield)) and node.value is not None:
+            if returns and isinstance(node, (cst.Return, cst.Yield)) and node.value is not None:
                 value = node.value.item if isinstance(node.value, cst.From) else node.value
                 if _carries(value, carriers):
                     return True

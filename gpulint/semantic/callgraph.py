@@ -794,7 +794,10 @@ class CallGraph:
             candidates = [(p, k) for p, k in candidates if not is_test_path(p)]
         if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1:
             return candidates
-        nearest = self._nearest(path, sorted({p for p, _ in candidates}))
+        files = sorted({p for p, _ in candidates})
+        # a script calling a method its own classes define means its own (`policy_net.get_action` in sac.py,
+        # beside td3.py and ddpg.py that define theirs)
+        nearest = path if path in files else self._nearest(path, files)
         beside = [(p, k) for p, k in candidates if p == nearest]
         if len({k.rsplit('.', 1)[0] for _, k in beside}) != 1:
             return []
