@@ -208,7 +208,7 @@ def main() -> int:
             for f in res["outside"]:
                 print(f"OUTSIDE {res['repo']} {f['path']}:{f['location']['row']} {f['code']} {f['message'][:100]}")
     if args.json:
-        args.json.write_text(json.dumps({"results": results}, indent=1))
+        args.json.write_text(json.dumps({"results": results}, indent=1, default=sorted))  # sets: the imports
     print("\nby code (clear labels): " + ", ".join(
         f"{code} {n}" for code, n in Counter(r["code"] for res in results for r in res["rows"]
                                                 if r["kind"] == "clear").most_common()))
