@@ -412,6 +412,44 @@ class EvalWithoutNoGrad(Rule):
             """,
             count=1,
         ),
+        Invalid(  # the network's own acting method, through `self.forward`
+            """
+            import torch
+            import torch.nn as nn
+
+            class Policy(nn.Module):
+                def forward(self, x):
+                    return self.mean(x), self.log_std(x)
+
+                def get_action(self, state):
+                    state = torch.FloatTensor(state).unsqueeze(0).to("cuda")
+                    mean, log_std = self.forward(state)
+                    return torch.tanh(mean).detach().cpu().numpy()[0]
+
+            for step in range(1000):
+                action = policy.get_action(state)
+                state, reward, done, _ = env.step(action)
+            """,
+            fixed="""
+            import torch
+            import torch.nn as nn
+
+            class Policy(nn.Module):
+                def forward(self, x):
+                    return self.mean(x), self.log_std(x)
+
+                @torch.no_grad()
+                def get_action(self, state):
+                    state = torch.FloatTensor(state).unsqueeze(0).to("cuda")
+                    mean, log_std = self.forward(state)
+                    return torch.tanh(mean).detach().cpu().numpy()[0]
+
+            for step in range(1000):
+                action = policy.get_action(state)
+                state, reward, done, _ = env.step(action)
+            """,
+            count=1,
+        ),
         Valid(  # REINFORCE: the log-probability leaves with its graph, the update backpropagates through it
             """
             import torch
@@ -656,6 +694,10 @@ class EvalWithoutNoGrad(Rule):
                 if _MODEL_NAME.search(name) or self.ctx.evidence.is_module(func) is not None:
                     yield node
                     continue
+            if isinstance(func, cst.Attribute) and func.attr.value == "forward" and \
+                    self.ctx.evidence.is_module(func.value) is not None:
+                yield node  # `self.forward(x)` in a method of the network (`get_action`)
+                continue
             if isinstance(func, cst.Attribute) and _MODEL_NAME.search(func.attr.value) and isinstance(
                     func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None:
                 yield node  # a network held by another object: `agent.prediction_model(state)`
