@@ -412,6 +412,19 @@ class HostSyncInHotLoop(Rule):
             """,
             count=2,
         ),
+        Invalid(  # a formatted tensor on another line of a statement that already reads: still one finding
+            """
+            import torch
+            for x, y in loader:
+                out = model(x.cuda())
+                loss = criterion(out, y.cuda())
+                loss.backward()
+                optimizer.step()
+                print(f"loss {loss.item():.4f}",
+                      f"mean output {out.mean()}")
+            """,
+            count=1,
+        ),
         Invalid(  # the check itself reads the loss every step; the message in the exiting branch does not count
             """
             import math
@@ -588,8 +601,11 @@ class HostSyncInHotLoop(Rule):
                           if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement))), None)
         if statement is not None:
             reported = self._reported_statements.setdefault(id(statement), [])
-            if reported and not self._on_a_line_of_its_own(reported, node):
-                return  # one finding per line: after its first read the GPU is idle, the rest are cheap
+            # one finding per statement (after its first read the GPU is idle, the rest are cheap), except an
+            # explicit read (`.item()`, `.cpu()`, `float(t)`) on a line of its own: a tuple of reads written over
+            # lines is several reads a reviewer sees; formatting, whose tensors are inferred, adds nothing more
+            if reported and not (_explicit_read(node) and self._on_a_line_of_its_own(reported, node)):
+                return
             reported.append(node)
         if severity is Severity.WARNING and self._feeds_environment():
             self.report(node, f"{what} feeds a host-side environment: a GPU sync every environment step; for "
@@ -693,6 +709,15 @@ class HostSyncInHotLoop(Rule):
         for value in values:
             if placement.may_be_on_device(value):
                 self._emit(value, "`%`-formatting a tensor", severity)
+
+
+def _explicit_read(node: cst.CSTNode) -> bool:
+    """`t.item()`, `t.cpu()`, `t.tolist()`, `float(t)`: a read written as such, not a formatted or logged value."""
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Name):
+        return node.func.value in ("float", "int", "bool")
+    return method_name(node) in ("item", "tolist", "cpu", "numpy", "to")
 
 
 # -- the fix: accumulate on the device, read once after the loop ---------------------------------------------
