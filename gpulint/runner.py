@@ -145,6 +145,21 @@ def _io_error(path: str, message: str) -> Diagnostic:
 
 
 MAX_FILE_SIZE = 5 * 1024 * 1024  # bytes; larger files are not checked (env GPULINT_MAX_FILE_SIZE)
+_STARVED_GRACE = 4  # times the per-file limit a worker starved of CPU may run in wall time
+_STARVED_POLL = 0.5  # seconds between looks at a starved worker's CPU time
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of a process (Linux `/proc`); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 FILE_TIME_LIMIT = 300.0  # seconds of work on one file before it is given up (env GPULINT_FILE_TIMEOUT)
 
 
@@ -460,6 +475,7 @@ class _Worker:
         self.results_fd = result_read
         self.current: int | None = None
         self.started = 0.0
+        self.cpu_started: float | None = None  # the worker's CPU seconds when its current file began
         self.buffer = bytearray()
         self.has_graph = pool.graph is None  # no graph being built: it is in this process already (inherited)
         self.parsed: list[int] = []  # files this worker parsed ahead, waiting for the call graph
@@ -709,6 +725,8 @@ class _Isolated:
             index = None
         if index is not None:
             worker.current, worker.started = index, started
+            cpu = _cpu_seconds(worker.pid)
+            worker.cpu_started = None if cpu is None else cpu - (now - started)  # a parse ahead counts in full
             words += word.to_bytes(4, "big")
         if not words:
             return True
@@ -756,7 +774,10 @@ class _Isolated:
             while remaining:
                 busy = [w for w in self.live if w.current is not None]
                 now = time.monotonic()
-                wait = max(0.0, min(w.started + self.limit - now for w in busy)) if busy else None
+                # past the limit in wall time but starved of CPU (an oversubscribed machine), a worker is looked
+                # at again every half second
+                wait = max(0.0, min(w.started + self.limit - now if now - w.started < self.limit else _STARVED_POLL
+                                    for w in busy)) if busy else None
                 for key, _ in self.selector.select(wait):
                     if isinstance(key.data, _GraphBuilder):
                         if key.data is self.graph and key.data.read():
@@ -796,7 +817,7 @@ class _Isolated:
                             yield self.tasks[index], outcome, searched
                         self._assign(worker)
                 now = time.monotonic()
-                for worker in [w for w in self.live if w.current is not None and now - w.started >= self.limit]:
+                for worker in [w for w in self.live if w.current is not None and self._over_limit(w, now)]:
                     index = worker.current
                     assert index is not None
                     self._retire(worker, kill=True)
@@ -824,6 +845,18 @@ class _Isolated:
             for worker in list(self.live):
                 self._retire(worker, kill=worker.current is not None)
             self.selector.close()
+
+    def _over_limit(self, worker: _Worker, now: float) -> bool:
+        """Has the worker spent the time limit on its file? Wall time, unless the machine starved it: a worker that
+        got less than half the limit in CPU time gets up to `_STARVED_GRACE` times the limit in wall time (a
+        healthy file on an oversubscribed machine is not a file that takes too long)."""
+        wall = now - worker.started
+        if wall < self.limit:
+            return False
+        if wall >= self.limit * _STARVED_GRACE or worker.cpu_started is None:
+            return True
+        cpu = _cpu_seconds(worker.pid)
+        return cpu is None or cpu - worker.cpu_started >= self.limit / 2
 
     def _crashed(self, task: _Task, status: int) -> FileReport:
         """A worker died on this file. If CPython rejects the file too, it is reported as a syntax error."""

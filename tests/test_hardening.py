@@ -561,3 +561,24 @@ def test_json_output_never_imports_rich_or_torch(tmp_path):
     (tmp_path / "train.py").write_text(GOOD)
     modules = _imported(["check", "train.py", "--output-format", "json", "--no-cache"], tmp_path)
     assert "rich" not in modules and "torch" not in modules and "gpulint.cli" in modules
+
+
+def test_a_worker_the_machine_starves_is_not_given_up(tmp_path, monkeypatch):
+    """The per-file limit is wall time only while the worker gets the CPU: a worker that waits past the limit
+    without using the CPU (as on an oversubscribed machine) still finishes its file and reports its findings."""
+    import gpulint.engine as engine
+    from gpulint.registry import rule_by_code
+    from gpulint.runner import run
+
+    original = engine.lint_text
+
+    def starved(text, path, *args, **kwargs):
+        if path.endswith("train.py"):
+            time.sleep(1.5)  # waiting, not computing
+        return original(text, path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "lint_text", starved)
+    monkeypatch.setenv("GPULINT_FILE_TIMEOUT", "1")
+    (tmp_path / "train.py").write_text(GOOD)
+    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=2, isolate=True)  # the CLI's forked workers
+    assert [(Path(d.path).name, d.line, d.code) for d in result.diagnostics] == [("train.py", 3, "GPU011")]
