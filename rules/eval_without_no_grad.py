@@ -36,6 +36,51 @@ _NOT_FORWARD = {"eval", "train", "to", "cuda", "cpu", "parameters", "state_dict"
 _CALLER_NO_GRAD = r"^([ \t]*)(with\s+[^\n]*\b(no_grad|inference_mode)\s*\(|@[\w.]*\b(no_grad|inference_mode)\b)"
 
 
+# examples (below) whose expected fix is the same text with `get_action` decorated
+_DETACHED_LOG_PROB = """
+            import torch
+            from torch.distributions import Categorical
+
+            class Agent:
+                def get_action(self, obs):
+                    logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
+                    dist = Categorical(logits=logits)
+                    action = dist.sample()
+                    log_prob = dist.log_prob(action)
+                    return action.detach().numpy(), log_prob.detach()
+
+                def rollout(self, env):
+                    obs = env.reset()
+                    for t in range(2048):
+                        action, log_prob = self.get_action(obs)
+                        obs, reward, done, _ = env.step(action)
+            """
+
+
+_ACTING_METHOD = """
+            import torch
+            import torch.nn as nn
+
+            class Policy(nn.Module):
+                def forward(self, x):
+                    return self.mean(x), self.log_std(x)
+
+                def get_action(self, state):
+                    state = torch.FloatTensor(state).unsqueeze(0).to("cuda")
+                    mean, log_std = self.forward(state)
+                    return torch.tanh(mean).detach().cpu().numpy()[0]
+
+            for step in range(1000):
+                action = policy.get_action(state)
+                state, reward, done, _ = env.step(action)
+            """
+
+
+def _decorated_get_action(code: str) -> str:
+    """An example's expected fix: `get_action` decorated with `@torch.no_grad()`."""
+    return re.sub(r"^( *)def get_action", r"\1@torch.no_grad()\n\1def get_action", code, count=1, flags=re.M)
+
+
 class EvalWithoutNoGrad(Rule):
     """
     ## What it does
@@ -373,81 +418,13 @@ class EvalWithoutNoGrad(Rule):
             """
         ),
         Invalid(  # the log-probability is detached before it is returned: no graph is kept for a REINFORCE loss
-            """
-            import torch
-            from torch.distributions import Categorical
-
-            class Agent:
-                def get_action(self, obs):
-                    logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
-                    dist = Categorical(logits=logits)
-                    action = dist.sample()
-                    log_prob = dist.log_prob(action)
-                    return action.detach().numpy(), log_prob.detach()
-
-                def rollout(self, env):
-                    obs = env.reset()
-                    for t in range(2048):
-                        action, log_prob = self.get_action(obs)
-                        obs, reward, done, _ = env.step(action)
-            """,
-            fixed="""
-            import torch
-            from torch.distributions import Categorical
-
-            class Agent:
-                @torch.no_grad()
-                def get_action(self, obs):
-                    logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
-                    dist = Categorical(logits=logits)
-                    action = dist.sample()
-                    log_prob = dist.log_prob(action)
-                    return action.detach().numpy(), log_prob.detach()
-
-                def rollout(self, env):
-                    obs = env.reset()
-                    for t in range(2048):
-                        action, log_prob = self.get_action(obs)
-                        obs, reward, done, _ = env.step(action)
-            """,
+            _DETACHED_LOG_PROB,
+            fixed=_decorated_get_action(_DETACHED_LOG_PROB),
             count=1,
         ),
         Invalid(  # the network's own acting method, through `self.forward`
-            """
-            import torch
-            import torch.nn as nn
-
-            class Policy(nn.Module):
-                def forward(self, x):
-                    return self.mean(x), self.log_std(x)
-
-                def get_action(self, state):
-                    state = torch.FloatTensor(state).unsqueeze(0).to("cuda")
-                    mean, log_std = self.forward(state)
-                    return torch.tanh(mean).detach().cpu().numpy()[0]
-
-            for step in range(1000):
-                action = policy.get_action(state)
-                state, reward, done, _ = env.step(action)
-            """,
-            fixed="""
-            import torch
-            import torch.nn as nn
-
-            class Policy(nn.Module):
-                def forward(self, x):
-                    return self.mean(x), self.log_std(x)
-
-                @torch.no_grad()
-                def get_action(self, state):
-                    state = torch.FloatTensor(state).unsqueeze(0).to("cuda")
-                    mean, log_std = self.forward(state)
-                    return torch.tanh(mean).detach().cpu().numpy()[0]
-
-            for step in range(1000):
-                action = policy.get_action(state)
-                state, reward, done, _ = env.step(action)
-            """,
+            _ACTING_METHOD,
+            fixed=_decorated_get_action(_ACTING_METHOD),
             count=1,
         ),
         Valid(  # REINFORCE: the log-probability leaves with its graph, the update backpropagates through it
