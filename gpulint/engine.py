@@ -18,7 +18,7 @@ from gpulint import legacy
 from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.registry import META_CODES
-from gpulint.semantic.callgraph import CallGraph, Frequency, ProgramCalls
+from gpulint.semantic.callgraph import Frequency, ProgramCalls, call_graph_state
 from gpulint.rule import DefinitionRequest, ImportRequest, Report, Rule, RuleContext
 from gpulint.source import newline_of
 from gpulint.suppressions import apply_suppressions
@@ -52,8 +52,7 @@ class ProgramFacts:
 
     def _build_call_graph(self) -> None:
         if self._frequencies is None:
-            graph = CallGraph(self.sources, frozenset(self.module_classes))
-            self._frequencies, self._step_names = graph.by_file(), graph.step_names()
+            self._frequencies, self._step_names = call_graph_state(self.sources, frozenset(self.module_classes))
 
     @property
     def has_call_graph(self) -> bool:

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from gpulint.program import mentions
+from gpulint.semantic import pyast
 
 # convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
 _CNN_CONSTRUCTORS = r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\("
@@ -81,7 +82,7 @@ def _sizes(text: str) -> _Sizes:
     sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
     constants = _single_constants(tree)
     resolved: list[tuple[str, int | None]] = []  # layers again, widths written as names of constants resolved
-    for node in ast.walk(tree):
+    for node in pyast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -172,7 +173,7 @@ def _single_constants(tree: ast.AST) -> dict[str, int]:
     """Names bound exactly once in the file, to an integer (`hidden_size = 500`, `CELLS = ROWS * COLS` of such
     names, or a parameter default `def __init__(self, hidden_size=500)`)."""
     seen: dict[str, list[ast.AST | None]] = {}
-    for node in ast.walk(tree):
+    for node in pyast.walk(tree):
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 for element, value in _pairs(target, node.value):

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from typing import TYPE_CHECKING
 
@@ -75,25 +75,30 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
 
     maybe_cuda_text = re.compile(IS_AVAILABLE_TEXT)
     facts = ProgramFacts()
-    known_bases = {"Module", "LightningModule"}
-    classes: dict[str, str] = {}
     for path, source in sources:
         text = facts.sources[path] = source.text
         # the literal tests first: most files name neither, and the regexes have no literal prefix to skip by
         facts.cuda_evidence |= ("cuda" in text or "nccl" in text) and bool(PROGRAM_CUDA_TEXT.search(text))
         facts.maybe_cuda_evidence |= "is_available" in text and bool(maybe_cuda_text.search(text))
-        for name, bases in _CLASS_TEXT.findall(text):
-            classes[name] = bases
+    facts.module_classes.update(_module_classes(facts.sources.values()))
+    return facts
+
+
+def _module_classes(texts: Iterable[str]) -> set[str]:
+    """Classes of the program that are networks by their bases' names (`class Net(nn.Module)`, and classes
+    derived from those), read from the text."""
+    known = {"Module", "LightningModule"}
+    classes: dict[str, str] = {name: bases for text in texts for name, bases in _CLASS_TEXT.findall(text)}
+    found: set[str] = set()
     changed = True
     while changed:  # a class is a Module if a base's last dotted part is a known Module class
         changed = False
         for name, bases in classes.items():
-            if name not in facts.module_classes and any(
-                    part.strip().rsplit(".", 1)[-1] in known_bases | facts.module_classes
-                    for part in bases.split(",")):
-                facts.module_classes.add(name)
+            if name not in found and any(part.strip().rsplit(".", 1)[-1] in known | found
+                                         for part in bases.split(",")):
+                found.add(name)
                 changed = True
-    return facts
+    return found
 
 
 _CONTEXT_DEPTH = 3  # import levels followed from the files named on the command line
@@ -248,20 +253,31 @@ def run(
     if cache is not None:
         cache.remember_facts(program_key, facts_key)
     errors: list[str] = []
-    if pending and program is None:
-        program = program_facts(program_files)
-    for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate):  # type: ignore[arg-type]
-        if isinstance(outcome, str):
-            errors.append(outcome)
-        else:
-            reports.append(outcome)
-            if write:  # only this process writes: a worker never writes, so none can after gpulint is gone
-                _write(outcome, task.source)
-            if cache is not None and outcome.cacheable:
-                cache.put(_file_key(task), content_hash(task.source.raw), facts_key,
-                          program_key if searched else None, outcome.diagnostics)
-        if progress:
-            progress(task.shown)
+    graph: _GraphBuilder | None = None
+    if pending and program is None and isolate and not fix and _isolating():
+        # the call graph needs no libcst: its builder starts before libcst, the engine and the rules are imported
+        from gpulint.semantic.callgraph import call_graph_state
+
+        texts = {shown: source.text for shown, source in program_files}
+        graph = _GraphBuilder(lambda: call_graph_state(texts, frozenset(_module_classes(texts.values()))), set())
+    try:
+        if pending and program is None:
+            program = program_facts(program_files)
+        for task, outcome, searched in _execute_all(pending, program, settings, jobs, isolate, graph):  # type: ignore[arg-type]
+            if isinstance(outcome, str):
+                errors.append(outcome)
+            else:
+                reports.append(outcome)
+                if write:  # only this process writes: a worker never writes, so none can after gpulint is gone
+                    _write(outcome, task.source)
+                if cache is not None and outcome.cacheable:
+                    cache.put(_file_key(task), content_hash(task.source.raw), facts_key,
+                              program_key if searched else None, outcome.diagnostics)
+            if progress:
+                progress(task.shown)
+    finally:
+        if graph is not None:
+            graph.stop()
     if cache is not None:
         cache.save()
     reports.sort(key=lambda r: r.path)
@@ -346,14 +362,21 @@ def _worker_count(jobs: int | None, tasks: Sequence[_Task], settings: _Settings,
 _PARALLEL_TEXT = 96 * 1024
 
 
+def _isolating() -> bool:
+    """Can files be linted in forked workers (the CLI's way)? Not where fork is missing, nor when turned off."""
+    return _CAN_FORK and os.environ.get("GPULINT_NO_ISOLATION", "") in ("", "0")
+
+
 def _execute_all(tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, jobs: int | None,
-                 isolate: bool = False) -> Iterator[tuple[_Task, FileReport | str, bool]]:
+                 isolate: bool = False, graph: "_GraphBuilder | None" = None
+                 ) -> Iterator[tuple[_Task, FileReport | str, bool]]:
+    """Each task's outcome. `graph`: a builder of the program's call graph started already (isolated runs)."""
     if not tasks:
         return
     all_rules()  # the rules and libcst, imported once here: forked workers inherit them
     workers = _worker_count(jobs, tasks, settings, isolate)
-    if isolate and _CAN_FORK and os.environ.get("GPULINT_NO_ISOLATION", "") in ("", "0"):
-        yield from _Isolated(tasks, program, settings, min(workers, len(tasks))).results()
+    if isolate and _isolating():
+        yield from _Isolated(tasks, program, settings, min(workers, len(tasks)), graph).results()
         return
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
@@ -409,7 +432,7 @@ def call_isolated(function: Callable[[], Any], path: str, text: str) -> tuple[bo
     too, else GPU901). The result must pickle."""
     from gpulint.engine import python_syntax_error, syntax_error_diagnostic
 
-    if not _CAN_FORK or os.environ.get("GPULINT_NO_ISOLATION", "") not in ("", "0"):
+    if not _isolating():
         return True, function()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -576,10 +599,15 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 class _GraphBuilder:
     """Builds the program's call graph in a forked child while the workers parse their first files (it needs
-    no parse, they need it only once parsed), and hands it over when it arrives. If the child fails, this
-    process builds the graph itself, as it did before the workers started."""
+    no parse, they need it only once parsed), and hands it over when it arrives. If the child fails, the
+    parent builds the graph itself, as it did before the workers started."""
 
-    def __init__(self, pool: "_Isolated") -> None:
+    def __init__(self, build: Callable[[], tuple], parent_fds: set[int]) -> None:
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         read_end, write_end = os.pipe()
         parent = os.getpid()
         pid = os.fork()
@@ -587,12 +615,10 @@ class _GraphBuilder:
             status = 0
             try:
                 os.close(read_end)
-                _child_setup(pool.parent_fds)
+                _child_setup(parent_fds)
                 if os.getppid() == parent:
-                    from gpulint.engine import cyclic_gc_paused
-
-                    with cyclic_gc_paused():  # syntax trees of every file (ast): no reference cycles
-                        state = pool.program.call_graph_state()
+                    gc.disable()  # syntax trees of every file (ast): no reference cycles; the child exits after
+                    state = build()
                     _write_frame(write_end, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
             except BaseException:  # noqa: BLE001
                 status = 1
@@ -602,7 +628,7 @@ class _GraphBuilder:
         self.pid = pid
         self.fd = read_end
         self.buffer = bytearray()
-        pool.parent_fds.add(read_end)
+        self.finished = False
 
     def read(self) -> bool:
         """Read what is there; True once the child is done (its state is then in `state()`)."""
@@ -615,6 +641,7 @@ class _GraphBuilder:
 
     def state(self) -> tuple | None:
         """The graph the child sent, or None if it failed."""
+        self._close()
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -630,6 +657,10 @@ class _GraphBuilder:
             return None
 
     def stop(self) -> None:
+        """End the child if it still runs (a run that ends early); nothing once its state was taken."""
+        if self.finished:
+            return
+        self._close()
         try:
             os.kill(self.pid, signal.SIGKILL)
         except OSError:
@@ -638,6 +669,11 @@ class _GraphBuilder:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+    def _close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            os.close(self.fd)
 
 
 class _Isolated:
@@ -648,15 +684,20 @@ class _Isolated:
     limit in that parse is that file's, as it would be in its lint. Each worker then gets the graph and lints
     the files it parsed (the time they took counts against the limit), then the rest."""
 
-    def __init__(self, tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, workers: int) -> None:
+    def __init__(self, tasks: Sequence[_Task], program: ProgramFacts, settings: _Settings, workers: int,
+                 graph: "_GraphBuilder | None" = None) -> None:
         self.tasks, self.program, self.settings = tasks, program, settings
         self.workers = max(1, workers)
         self.limit = _limit("GPULINT_FILE_TIMEOUT", FILE_TIME_LIMIT)
-        self.queue: deque[int] = deque(range(len(tasks)))
+        # largest files first: the last files handed out are small, so the workers finish together
+        self.queue: deque[int] = deque(sorted(range(len(tasks)), key=lambda i: -len(tasks[i].source.text)))
         self.parent_fds: set[int] = set()
         self.live: list[_Worker] = []
         self.selector = selectors.DefaultSelector()
-        self.graph: _GraphBuilder | None = None
+        self.graph = graph  # the call graph's builder while it runs
+        if graph is not None:
+            self.selector.register(graph.fd, selectors.EVENT_READ, graph)
+            self.parent_fds.add(graph.fd)
         self.graph_frame = b""
 
     def _spawn(self) -> _Worker:
@@ -671,8 +712,8 @@ class _Isolated:
         return worker
 
     def _start_graph(self) -> None:
-        if self.program.has_call_graph:
-            return  # built already (it keys the results cache)
+        if self.program.has_call_graph or self.graph is not None:
+            return  # built already (it keys the results cache), or being built since the run began
         if self.settings.fix:
             self.program.call_graph_state()  # fixing: the fixer parses for itself, there is nothing to parse ahead
             return
@@ -681,8 +722,9 @@ class _Isolated:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        self.graph = _GraphBuilder(self)
+        self.graph = _GraphBuilder(self.program.call_graph_state, self.parent_fds)
         self.selector.register(self.graph.fd, selectors.EVENT_READ, self.graph)
+        self.parent_fds.add(self.graph.fd)
 
     def _graph_done(self) -> None:
         """The builder finished: take its graph (or build it here), then hand it to every idle worker."""
@@ -690,7 +732,6 @@ class _Isolated:
         assert graph is not None
         self.selector.unregister(graph.fd)
         self.parent_fds.discard(graph.fd)
-        os.close(graph.fd)
         state = graph.state()
         self.graph = None
         if state is not None:
@@ -831,9 +872,9 @@ class _Isolated:
                     self._assign(self._spawn())
         finally:
             if self.graph is not None:
-                self.graph.stop()
                 self.selector.unregister(self.graph.fd)
-                os.close(self.graph.fd)
+                self.parent_fds.discard(self.graph.fd)
+                self.graph.stop()
                 self.graph = None
             for worker in list(self.live):
                 try:

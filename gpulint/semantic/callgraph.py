@@ -24,7 +24,7 @@ from pathlib import PurePosixPath
 
 from gpulint import legacy
 from gpulint.rule import is_test_path
-from gpulint.semantic import vocab
+from gpulint.semantic import pyast, vocab
 
 T = TypeVar("T")
 
@@ -155,8 +155,29 @@ def _calls_outside_nested(body: list[ast.stmt], *, into_loops: bool) -> list[ast
             continue
         if isinstance(node, ast.Call):
             found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(pyast.child_nodes(node))
     return found
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _calls_and_comprehensions(roots: list[ast.AST]) -> tuple[list[ast.Call], list[ast.AST]]:
+    """In one walk: the calls under `roots` outside nested functions/classes (as `_calls_outside_nested` with
+    `into_loops`), and every comprehension under them, nested scopes included."""
+    calls: list[ast.Call] = []
+    comprehensions: list[ast.AST] = []
+    stack: list[tuple[ast.AST, bool]] = [(root, False) for root in roots]
+    while stack:
+        node, nested = stack.pop()
+        if isinstance(node, _SCOPES):
+            nested = True
+        elif not nested and isinstance(node, ast.Call):
+            calls.append(node)
+        if isinstance(node, _COMPREHENSIONS):
+            comprehensions.append(node)
+        stack.extend((child, nested) for child in pyast.child_nodes(node))
+    return calls, comprehensions
 
 
 def _call_target(dotted: str) -> tuple[str, ...]:
@@ -195,7 +216,7 @@ def _iterates_loader(loop: ast.AST) -> bool:
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return False
     return any(isinstance(n, (ast.Name, ast.Attribute)) and vocab.LOADER_TEXT.search(_dotted(n) or "")
-               for n in ast.walk(loop.iter))
+               for n in pyast.walk(loop.iter))
 
 
 def _leaves(body: list[ast.stmt]) -> bool:
@@ -220,7 +241,7 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
     module constant or an argparse default) runs every step."""
     every = set()
     has_modulo = False
-    for node in ast.walk(test):
+    for node in pyast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             divisor = node.right
             key = divisor.id if isinstance(divisor, ast.Name) else divisor.attr if isinstance(
@@ -231,8 +252,8 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
                 every.add(key)
             else:
                 has_modulo = True
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+    names = {n.id for n in pyast.walk(test) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in pyast.walk(test) if isinstance(n, ast.Attribute)}
     return vocab.throttles(names - every, has_modulo)
 
 
@@ -251,7 +272,7 @@ def _integer_constants(tree: ast.Module) -> dict[str, int]:
             elif isinstance(value, ast.Constant) and type(value.value) is int:
                 found[name] = value.value
             assigned.add(name)
-    for node in ast.walk(tree):
+    for node in pyast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument" \
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             default = next((k.value for k in node.keywords if k.arg == "default"), None)
@@ -354,22 +375,21 @@ class _Summariser:
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and isinstance(node.value, (ast.BinOp, ast.UnaryOp)):
             fn.operands.setdefault(node.targets[0].id, set()).update(
-                n.id for n in ast.walk(node.value) if isinstance(n, ast.Name))
+                n.id for n in pyast.walk(node.value) if isinstance(n, ast.Name))
         self._scan_expressions([node], fn, loops, throttled)
 
     def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
                           throttled: bool) -> None:
         frequency = max((f for f, _ in loops), default=Frequency.ONCE)
         loop_ids = tuple(i for _, i in loops)
-        for root in roots:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
-            for node in ast.walk(root):
-                if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-                    fn.loop_reads.extend((id(generator), source) for generator in node.generators
-                                         for source in _loop_sources(generator.iter))
-        for call in _calls_outside_nested(roots, into_loops=True):  # type: ignore[arg-type]
+        calls, comprehensions = _calls_and_comprehensions(roots)
+        for node in comprehensions:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
+            fn.loop_reads.extend((id(generator), source) for generator in node.generators
+                                 for source in _loop_sources(generator.iter))
+        for call in calls:
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 loss = call.args[0] if call.args else call.func.value
-                fn.backward_names.update(n.id for n in ast.walk(loss) if isinstance(n, ast.Name))
+                fn.backward_names.update(n.id for n in pyast.walk(loss) if isinstance(n, ast.Name))
             dotted = _dotted(call.func)
             if dotted is None:
                 continue
@@ -1231,3 +1251,10 @@ class CallGraph:
                 elif fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE):
                     rollouts.add(fn.name)
         return frozenset(steps), frozenset(rollouts), frozenset(trainers - _AMBIGUOUS_STEP_NAMES)
+
+
+def call_graph_state(sources: dict[str, str], module_classes: frozenset[str]) -> tuple:
+    """What a run keeps of the program's call graph (small, picklable): the frequencies by file and the step
+    names. Needs no libcst: the runner builds it in a child forked before libcst is imported."""
+    graph = CallGraph(sources, module_classes)
+    return graph.by_file(), graph.step_names()

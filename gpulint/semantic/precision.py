@@ -13,6 +13,7 @@ import libcst as cst
 from gpulint import HotKind
 from gpulint.analysis import CUDA_TEXT_PATTERN, BindingKind, call_arg, walk
 from gpulint.program import MAIN_GUARD_TEXT
+from gpulint.semantic import pyast
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cpu.amp.autocast"}
@@ -166,12 +167,12 @@ def _top_level_nodes(tree: ast.Module) -> Iterator[ast.AST]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         yield node
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(pyast.child_nodes(node))
 
 
 def _has_step_call(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("backward", "step")
-               for n in ast.walk(node))
+               for n in pyast.walk(node))
 
 
 @lru_cache(maxsize=4096)
