@@ -31,11 +31,11 @@ from gpulint.semantic.callgraph import Frequency, ProgramCalls
 def dotted_name(node: cst.BaseExpression | None) -> str | None:
     """`a.b.c` for Name/Attribute chains, else None."""
     parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
+    while type(node) is cst.Attribute:
+        parts.append(node.attr.value)  # type: ignore[union-attr]
+        node = node.value  # type: ignore[union-attr]
+    if type(node) is cst.Name:
+        parts.append(node.value)  # type: ignore[union-attr]
         return ".".join(reversed(parts))
     return None
 
@@ -175,21 +175,23 @@ def traverse(root: cst.CSTNode, on_visit: Callable[[cst.CSTNode], bool | None],
             pending.extend((child, False) for child in reversed(child_nodes(node)))
 
 
+# exact types (libcst's node classes are final): an isinstance check against them goes through ABCMeta, slowly
+_NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+
+
 def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:
     """`node` and everything below it, not descending into nested defs/lambdas/classes unless asked."""
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
-        if current is not node and not into_functions and isinstance(
-            current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-        ):
+        if current is not node and not into_functions and type(current) in _NESTED_SCOPES:
             continue
         yield current
         stack.extend(reversed(child_nodes(current)))
 
 
 def iter_calls(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.Call]:
-    return (n for n in walk(node, into_functions=into_functions) if isinstance(n, cst.Call))
+    return (n for n in walk(node, into_functions=into_functions) if type(n) is cst.Call)  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import linked_texts, mentions, reach_texts, related_texts
+from gpulint.program import current_text, linked_texts, mentions, reach_texts, related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code
@@ -404,7 +404,7 @@ class NoAutocast(Rule):
         if not ok or first_statement is None:
             self.report(_statement_of(backwards[0], parents, region) or backwards[0], note=self._work_note)
             return
-        if _AUTOCAST_UNSAFE_LOSS.search(self.ctx.module.code):  # built anywhere in the file, called here
+        if _AUTOCAST_UNSAFE_LOSS.search(current_text(self.ctx)):  # built anywhere in the file, called here
             self.report(first_statement, note="`BCELoss` / `binary_cross_entropy` raise under autocast: switch to "
                                               "`BCEWithLogitsLoss` on logits, then wrap the step"
                                               + (f"; {self._work_note}" if self._work_note else ""))
