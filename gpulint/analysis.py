@@ -1264,8 +1264,9 @@ class Evidence:
         return bool(returned) and all(isinstance(value, cst.Call) and (
             self.a.call_qualname(value) or "").endswith("DataLoader") for value in returned)
 
-    def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory."""
+    def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0, before: int | None = None) -> bool:
+        """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory.
+        `before`: the names in `node` are read at the statement of that order (a binding's value), not here."""
         if depth > 5:
             return False
         if isinstance(node, cst.Call):
@@ -1273,7 +1274,7 @@ class Evidence:
             if qual == "torch.from_numpy":
                 return True
             if qual == "torch.autograd.Variable" and node.args:  # the legacy wrapper returns its tensor
-                return self.is_cpu_source(node.args[0].value, depth + 1)
+                return self.is_cpu_source(node.args[0].value, depth + 1, before)
             if isinstance(node.func, cst.Attribute) and method_name(node) not in ("to", "cuda") \
                     and self.is_loader(node.func.value):
                 return True  # `train_loader.next_batch()`: a batch a loader built on the host
@@ -1281,7 +1282,7 @@ class Evidence:
                     and self.is_loader(node.args[0].value, depth + 1):
                 return True
             if qual == "ray.get" and node.args:  # what a Ray actor's method returned
-                return self.is_cpu_source(node.args[0].value, depth + 1)
+                return self.is_cpu_source(node.args[0].value, depth + 1, before)
             if self._samples_host_batch(node):
                 return True
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
@@ -1293,27 +1294,30 @@ class Evidence:
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):
-                return method_name(node) == "cpu" or self.is_cpu_source(node.func.value, depth + 1)
+                return method_name(node) == "cpu" or self.is_cpu_source(node.func.value, depth + 1, before)
             return False
         if isinstance(node, (cst.Subscript, cst.Attribute)) and not (
                 isinstance(node, cst.Attribute) and dotted_name(node) and dotted_name(node).startswith("self.")):
-            return self.is_cpu_source(node.value, depth + 1)
+            return self.is_cpu_source(node.value, depth + 1, before)
         if isinstance(node, cst.Name):
             iterated = self._comprehension_iterable(node.value)
             if iterated is not None:  # `[t.to(device) for t in batch]`
-                return self.is_cpu_source(iterated, depth + 1)
-            for binding in self.a.reaching_bindings(node.value, self.ancestors):
+                return self.is_cpu_source(iterated, depth + 1, before)
+            # `x, y = x.float(), y.float()` rebinds a batch: its own `x` is the binding before it
+            bindings = self.a.reaching_bindings(node.value, self.ancestors) if before is None else \
+                [b for b in self.a.bindings_of(node.value, self.ancestors) if b.order < before][-1:]
+            for binding in bindings:
                 if binding.kind is BindingKind.FOR and binding.value is not None:
                     if self._for_target_is_batch(binding):
                         return True
                 elif binding.kind is BindingKind.ASSIGN and binding.value is not None:
-                    if self.is_cpu_source(binding.value, depth + 1):
+                    if self.is_cpu_source(binding.value, depth + 1, binding.order):
                         return True
                 elif binding.kind is BindingKind.UNPACK and binding.value is not None:
                     value = binding.value
                     if isinstance(value, cst.Tuple) and binding.path and binding.path[0] < len(value.elements):
                         value = value.elements[binding.path[0]].value
-                    if self.is_cpu_source(value, depth + 1):
+                    if self.is_cpu_source(value, depth + 1, binding.order):
                         return True
         return False
 

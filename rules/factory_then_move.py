@@ -20,6 +20,9 @@ _KERNEL_DEPENDENT = {"arange", "linspace", "logspace"}
 # Drawn from the default generator of the device they are created on (`rand*` / `randn*` generally).
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal"}
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}  # factories whose positional arguments are the shape
+# functions and methods that keep a factory's values exact on any device: `torch.tril(torch.ones(n, n))`
+_TRIANGLES = frozenset({"torch.tril", "torch.triu"})
+_CASTS = frozenset({"type", "float", "long", "bool", "byte", "int", "half", "double"})
 _TINY = 1024  # elements: a one-off tensor this small costs microseconds wherever it is made
 # Not reported: the `*_like` factories (`zeros_like(x)`, `randn_like(x)`) create the tensor on `x`'s device,
 # which is usually the target already, and `bernoulli`, `multinomial`, `poisson` sample from an input tensor
@@ -175,6 +178,34 @@ class FactoryThenMove(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # a causal mask made on the CPU in a network's forward, every step: the triangle is exact anywhere
+            """
+            import torch
+            class Decoder(torch.nn.Module):
+                def forward(self, tokens):
+                    n = tokens.shape[1]
+                    causal = torch.tril(torch.ones(n, n)).to(tokens.device)
+                    return self.blocks(tokens, causal)
+            """,
+            fixed="""
+            import torch
+            class Decoder(torch.nn.Module):
+                def forward(self, tokens):
+                    n = tokens.shape[1]
+                    causal = torch.tril(torch.ones(n, n, device=tokens.device))
+                    return self.blocks(tokens, causal)
+            """,
+        ),
+        Invalid(  # cast on the CPU between the factory and the move: reported, no fix (the cast's type decides)
+            """
+            import torch
+            class Decoder(torch.nn.Module):
+                def forward(self, tokens):
+                    n = tokens.shape[1]
+                    causal = torch.triu(torch.ones(n, n), diagonal=1).type(torch.ByteTensor).to(self.device)
+                    return self.blocks(tokens, causal)
+            """
+        ),
         Invalid(  # two statements in the training step: reported at the factory, no fix (the move is conditional)
             """
             import torch
@@ -224,9 +255,11 @@ class FactoryThenMove(Rule):
         name = method_name(node)
         if name not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
             return
-        factory = node.func.value
+        moved = node.func.value
+        factory, wrapper, cast = self._unwrap(moved)
         kind = self._factory_kind(factory) if isinstance(factory, cst.Call) else None
         if kind is None or not isinstance(factory, cst.Call):
+            factory = moved
             if self._cpu_noise(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
                     and self._move(node, name) is not None:
                 self.report(node, "Noise drawn on the CPU from a distribution with Python-number parameters, then "
@@ -254,6 +287,9 @@ class FactoryThenMove(Rule):
         keywords: list[tuple[str, cst.BaseExpression]] = [("device", device)]
         note = None
         fixable = True
+        if cast:  # `torch.ones(n, n).type(torch.ByteTensor).to(dev)`: the cast's target type decides the fix
+            self.report(node, note="create the tensor on the device (`device=`), then cast it there")
+            return
         if dtype is not None:
             factory_dtype = call_arg(factory, "dtype")
             if factory_dtype is not None:
@@ -267,14 +303,17 @@ class FactoryThenMove(Rule):
         if _is_true(call_arg(factory, "requires_grad")):
             fixable, note = False, ("`requires_grad=True`: the moved tensor is not a leaf, one created on the "
                                     "device is; check which one the code means")
-        if "#" in self.ctx.code(node)[len(self.ctx.code(factory)):]:
+        if "#" in self.ctx.code(node)[len(self.ctx.code(moved)):]:
             fixable, note = False, "comments inside the call"
         if not fixable:
             self.report(node, note=note)
             return
-        replacement = factory
+        replacement: cst.BaseExpression = factory
         for keyword, value in keywords:
-            replacement = add_keyword(replacement, keyword, value)
+            replacement = add_keyword(replacement, keyword, value)  # type: ignore[arg-type]
+        if wrapper is not None:  # `torch.tril(torch.ones(n, n, device=dev))`
+            replacement = wrapper.with_changes(args=[wrapper.args[0].with_changes(value=replacement),
+                                                     *wrapper.args[1:]])
         safety = Safety.SAFE
         if _is_random(kind):
             safety = Safety.UNSAFE
@@ -284,6 +323,20 @@ class FactoryThenMove(Rule):
             safety = Safety.UNSAFE
             note = f"`{kind}` computed on the GPU may differ from the CPU result in the last bits"
         self.report(node, replacement=replacement, safety=safety, note=note)
+
+    def _unwrap(self, moved: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.Call | None, bool]:
+        """What `.to()` moves, seen through exact wrappers: (the factory call or `moved` itself, the
+        `torch.tril`/`torch.triu` around it or None, whether a cast method such as `.type(torch.ByteTensor)` or
+        `.float()` sits between)."""
+        cast = False
+        while isinstance(moved, cst.Call) and isinstance(moved.func, cst.Attribute) \
+                and method_name(moved) in _CASTS and not any(arg.star for arg in moved.args):
+            moved, cast = moved.func.value, True
+        if isinstance(moved, cst.Call) and self.ctx.qualname(moved.func) in _TRIANGLES and moved.args \
+                and moved.args[0].keyword is None and not moved.args[0].star \
+                and call_arg(moved, "out") is None and isinstance(moved.args[0].value, cst.Call):
+            return moved.args[0].value, moved, cast
+        return moved, None, cast
 
     def _cpu_noise(self, value: cst.BaseExpression) -> bool:
         """`Normal(0, 1).sample(shape)`, also through names bound once (`z = normal.sample(s)`, `normal =

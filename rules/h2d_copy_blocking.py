@@ -161,6 +161,30 @@ class H2dCopyBlocking(Rule):
                 opt.step()
             """,
         ),
+        Invalid(  # batch tensors cast in place (`x, y = x.float(), y.float()`), then moved when CUDA is there
+            """
+            import torch
+            def fit(net, loader, opt):
+                use_gpu = torch.cuda.is_available()
+                for boards, targets in loader:
+                    boards, targets = boards.float(), targets.float()
+                    if use_gpu:
+                        boards, targets = boards.cuda(), targets.cuda()
+                    ((net(boards) - targets) ** 2).mean().backward()
+                    opt.step()
+            """,
+            fixed="""
+            import torch
+            def fit(net, loader, opt):
+                use_gpu = torch.cuda.is_available()
+                for boards, targets in loader:
+                    boards, targets = boards.float(), targets.float()
+                    if use_gpu:
+                        boards, targets = boards.cuda(non_blocking=True), targets.cuda(non_blocking=True)
+                    ((net(boards) - targets) ** 2).mean().backward()
+                    opt.step()
+            """,
+        ),
         Invalid(  # each tensor of a batch read with `next()` from an iterator over the loader
             """
             import torch
