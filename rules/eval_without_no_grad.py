@@ -14,6 +14,11 @@ from gpulint.semantic.vocab import is_env_step
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
                             r"run_eval|run_validation|run_test)(_(epoch|one_epoch|model|loop|all|dataset|set|split|policy|agent|episodes?))?$")
+# autoregressive sampling and decoding loops (`def generate(self, idx, n): for _ in range(n): logits = self(idx)`);
+# not when the body keeps scores a policy gradient trains on (log-probabilities, gathered logits)
+_GENERATION_FUNCTION = re.compile(r"^_?(generate|sample|sampling|greedy_decode|beam_search|translate)"
+                                  r"(_(text|tokens?|sequences?|images?|sentence|batch))?$")
+_KEEPS_SCORES = re.compile(r"log_prob|log_softmax|\.gather\(|requires_grad")
 _EVAL_ITERABLE = re.compile(r"(^|_)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|$|loader|data|"
                             r"set|dl|ds|iter|batches)|^(val|valid|test|eval|dev)[a-z]*loader$", re.I)
 _MODEL_NAME = re.compile(r"(^|_)(model|net|network|policy|actor|critic|encoder|decoder|generator|discriminator|"
@@ -149,6 +154,46 @@ class EvalWithoutNoGrad(Rule):
             def evaluate(model, loader):
                 return [model(x).argmax(1) for x, _ in loader]
             """
+        ),
+        Valid(  # sequence-level policy gradient: the sampled tokens' log-probabilities are trained on
+            """
+            import torch
+            device = torch.device("cuda")
+            class Writer(torch.nn.Module):
+                def sample(self, start, steps):
+                    tokens, scores = start, []
+                    for _ in range(steps):
+                        logits = self(tokens)[:, -1]
+                        nxt = torch.multinomial(logits.softmax(-1), 1)
+                        scores.append(logits.log_softmax(-1).gather(1, nxt))
+                        tokens = torch.cat([tokens, nxt], dim=1)
+                    return tokens, torch.cat(scores, dim=1)
+            """
+        ),
+        Invalid(  # an autoregressive sampling loop records a graph for every generated token
+            """
+            import torch
+            device = torch.device("cuda")
+            class CharModel(torch.nn.Module):
+                def generate(self, context, new_tokens):
+                    for _ in range(new_tokens):
+                        logits = self(context[:, -64:])[:, -1, :]
+                        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+                        context = torch.cat((context, nxt), dim=1)
+                    return context
+            """,
+            fixed="""
+            import torch
+            device = torch.device("cuda")
+            class CharModel(torch.nn.Module):
+                @torch.no_grad()
+                def generate(self, context, new_tokens):
+                    for _ in range(new_tokens):
+                        logits = self(context[:, -64:])[:, -1, :]
+                        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+                        context = torch.cat((context, nxt), dim=1)
+                    return context
+            """,
         ),
         Valid(  # gradients are needed: saliency maps
             """
@@ -484,7 +529,8 @@ class EvalWithoutNoGrad(Rule):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if is_test_path(self.ctx.path):
             return
-        if not _EVAL_FUNCTION.match(node.name.value):
+        generation = _GENERATION_FUNCTION.match(node.name.value) is not None
+        if not _EVAL_FUNCTION.match(node.name.value) and not generation:
             self._check_rollout_function(node)
             return
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
@@ -494,7 +540,8 @@ class EvalWithoutNoGrad(Rule):
         if not calls:  # `def evaluate(self, s): return self.actor(s)...` called once per evaluation env step
             self._check_rollout_function(node)
             return
-        if _NEEDS_GRAD.search(self.ctx.code(node.body)):
+        body = self.ctx.code(node.body)
+        if _NEEDS_GRAD.search(body) or generation and _KEEPS_SCORES.search(body):
             return
         if all(_under_grad_mode(self.ctx, flow, c, node) or self._frozen_model(c) for c in calls):
             return
@@ -509,7 +556,9 @@ class EvalWithoutNoGrad(Rule):
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))
         new = node.with_changes(decorators=[*node.decorators, decorator])
         # reported where the graph is built (the first forward in the loop); the fix decorates the function
-        self.report(calls[0], replacements=[(node, new)], imports=imports)
+        message = "Sampling loop runs the model with autograd recording; decorate it with `torch.no_grad()`" \
+            if generation else None
+        self.report(calls[0], message, replacements=[(node, new)], imports=imports)
 
     def visit_While(self, node: cst.While) -> None:
         self._check_inline_acting_loop(node)
@@ -523,7 +572,8 @@ class EvalWithoutNoGrad(Rule):
         flow = LoaderFlow.of(self.ctx.analysis)
         function = flow.enclosing_function(node)
         if function is not None and (id(function) in self._reported_functions
-                                     or _EVAL_FUNCTION.match(function.name.value)):
+                                     or _EVAL_FUNCTION.match(function.name.value)
+                                     or _GENERATION_FUNCTION.match(function.name.value)):
             return  # the function-level finding covers it
         if function is not None and _decorated_no_grad(self.ctx, function):
             return
