@@ -668,7 +668,14 @@ class CallGraph:
                 if found is not None:
                     return found
             return None
-        return self._nearest(here, self._by_module.get(module, []))
+        candidates = self._by_module.get(module, [])
+        if len(candidates) > 1:  # Python looks in the script's own folder first: `common/x.py` beside it wins
+            folder = PurePosixPath(os.path.normpath(here.replace("\\", "/"))).parent / module.replace(".", "/")
+            for candidate in (f"{folder.as_posix()}.py", f"{folder.as_posix()}/__init__.py"):
+                found = self._files_by_norm.get(os.path.normpath(candidate))
+                if found is not None:
+                    return found
+        return self._nearest(here, candidates)
 
     @staticmethod
     def _nearest(here: str, candidates: list[str]) -> str | None:
@@ -710,6 +717,9 @@ class CallGraph:
             summary = self.files[path]
             imported = summary.imports.get(class_name)
             origin = self._module_file(path, imported[0], imported[1]) if imported else self._nearest(path, places)
+            if origin is None and not imported:  # `from common.policies import *` naming one of the copies
+                starred = {self._module_file(path, level, module) for level, module in summary.star_imports}
+                origin = next(iter(starred & set(places)), None) if len(starred & set(places)) == 1 else None
             if origin not in places:
                 return []  # several classes of that name elsewhere: do not guess
             places = [origin]
@@ -797,6 +807,9 @@ class CallGraph:
             found = self._method(path, built, method)
             if found:
                 return found
+        found = self._attribute_method(path, receiver, method)
+        if found:
+            return found
         if receiver in fn.params:  # `def run_steps(agent): agent.step()` with callers passing `DQNAgent(config)`
             found = [m for cls in self._objects_in.get((path, fn.key, receiver), ())
                      for m in self._method(path, cls, method)]
@@ -823,6 +836,23 @@ class CallGraph:
             return []
         # an interface method (`NeuralNet.predict`): the call runs whichever subclass the object is
         return [*beside, *(o for o in self._overrides(beside[0][1].rsplit(".", 1)[0], method) if o not in beside)]
+
+    def _attribute_method(self, path: str, receiver: str, method: str) -> list[tuple[str, str]]:
+        """`trainer.policy_net.get_action(s)` with `trainer = Trainer(...)` and `self.policy_net = Policy(...)` in
+        the file that defines `Trainer`: the method of what the owner's attribute holds."""
+        head, _, attribute = receiver.partition(".")
+        if not attribute or "." in attribute:
+            return []
+        for owner in self.files[path].instances.get(head, ()):
+            places = [p for p, _ in self._classes.get(owner, [])]
+            places = [path] if path in places else places  # the owner class of the same file
+            if len(places) != 1:
+                continue
+            for held in self.files[places[0]].instances.get(f"self.{attribute}", ()):
+                found = self._method(places[0], held, method)
+                if found:
+                    return found
+        return []
 
     def _functions_passed_in(self) -> dict[tuple[str, str, str], list[tuple[str, str]]]:
         """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
@@ -883,7 +913,9 @@ class CallGraph:
             (path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
             if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
         self._trainer_set = self._trainers(step_functions)
-        self._rare = self._rarely_called()
+        # `if t % train_every == 0: agent.learn(replay)` in a loop: each call is still one training step
+        repeated_steps = self._steps_called_in_loops(step_functions)
+        self._rare = self._rarely_called() - repeated_steps
         self._rare_rollout: set[tuple[str, str]] = set()
         self._heavy = self._runs_loops_of_its_own()
         frontier: list[tuple[str, str, Frequency, int]] = []
@@ -891,6 +923,9 @@ class CallGraph:
             for key, fn in summary.functions.items():
                 if fn.seed > Frequency.ONCE:
                     frontier.append((path, key, fn.seed, 0))
+                if (path, key) in repeated_steps:  # one training step per call: what it calls runs per step
+                    frontier.extend((*callee, Frequency.PER_STEP, 1) for site in fn.sites if not site.throttled
+                                    for callee in self.resolve(path, fn, site.target) if callee != (path, key))
                 for site in fn.sites:
                     if site.throttled:
                         continue
@@ -944,6 +979,12 @@ class CallGraph:
             if not grown:
                 break
         return heavy
+
+    def _steps_called_in_loops(self, step_functions: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Step functions some loop calls, also every few iterations (`if t % 4 == 0: learn()`)."""
+        return {callee for path, summary in self.files.items() for fn in summary.functions.values()
+                for site in fn.sites if site.loops and site.frequency > Frequency.ONCE
+                for callee in self.resolve(path, fn, site.target) if callee in step_functions}
 
     def _rarely_called(self) -> set[tuple[str, str]]:
         """Functions the program calls only now and then: every call site it has is throttled (`if step %
