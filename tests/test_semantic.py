@@ -140,6 +140,13 @@ def test_tensor_proven_by_use() -> None:
                               "    (v_loss * self.c + pg_loss - entropy * self.e).backward()\n    m = n + 1\n")
     assert {"v_loss", "pg_loss", "entropy"} <= tensors_by_use(inline.body[0])
     assert "n" not in tensors_by_use(inline.body[0])
+    # further back from the loss, through reductions: what the function computes, not the settings it reads
+    chained = cst.parse_module("def f(cfg, weights, value, target):\n"
+                               "    v_loss = cfg.value_loss(value, target)\n    coef = cfg.value_coef\n"
+                               "    loss = 2.0 * p_loss(value) + coef * v_loss\n"
+                               "    weighted = (weights * loss).mean()\n    weighted.backward()\n")
+    found = tensors_by_use(chained.body[0])
+    assert {"weighted", "loss", "v_loss"} <= found and "coef" not in found
 
 
 def test_rollout_loop_kind_is_hot_kind() -> None:

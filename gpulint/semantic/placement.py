@@ -698,10 +698,51 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
             leaves: list[cst.BaseExpression] = []
             _leaf_operands(value, leaves)
             proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
+    # further back, through reductions (`weighted = (w * loss).mean()`, `loss = pg + c * v_loss`): a name counts
+    # when the function computes it (a coefficient read from a config is a number, not a tensor)
+    frontier, seen = list(backward), set(backward)
+    for _ in range(_LOSS_HOPS):
+        following = []
+        for name in frontier:
+            for value in assigned.get(name, ()):
+                leaves = []
+                _loss_operands(value, leaves)
+                for leaf in leaves:
+                    if isinstance(leaf, cst.Name) and leaf.value not in seen and any(
+                            _computed(v) for v in assigned.get(leaf.value, ())):
+                        seen.add(leaf.value)
+                        proven.add(leaf.value)
+                        following.append(leaf.value)
+        frontier = following
     if len(_TENSORS_BY_USE) > 4096:
         _TENSORS_BY_USE.clear()
     _TENSORS_BY_USE[id(function)] = (function, frozenset(proven))
     return frozenset(proven)
+
+
+_LOSS_HOPS = 3  # assignments followed back from a backward()-ed loss
+# methods that keep a tensor a tensor: their receiver is one too (`(weights * loss).mean()`)
+_TENSOR_REDUCTIONS = frozenset({"mean", "sum", "squeeze", "unsqueeze", "view", "reshape", "flatten", "float",
+                                "abs", "pow", "clamp", "neg", "exp", "log", "sqrt"})
+
+
+def _loss_operands(node: cst.BaseExpression, out: list[cst.BaseExpression]) -> None:
+    """`_leaf_operands`, also through tensor methods that reduce or reshape their receiver."""
+    leaves: list[cst.BaseExpression] = []
+    _leaf_operands(node, leaves)
+    for leaf in leaves:
+        while isinstance(leaf, cst.Call) and isinstance(leaf.func, cst.Attribute) \
+                and leaf.func.attr.value in _TENSOR_REDUCTIONS:
+            leaf = leaf.func.value
+        if isinstance(leaf, (cst.BinaryOperation, cst.UnaryOperation)):
+            _loss_operands(leaf, out)
+        else:
+            out.append(leaf)
+
+
+def _computed(value: cst.BaseExpression) -> bool:
+    """A value the function computes (a call or arithmetic), not a number or a setting it reads."""
+    return not (_is_plain_value(value) or isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)))
 
 
 def _leaf_operands(node: cst.BaseExpression | None, out: list[cst.BaseExpression]) -> None:
