@@ -154,6 +154,25 @@ class TensorPythonBranch(Rule):
                     assert not torch.isnan(y).any()
             """
         ),
+        Invalid(  # a KL estimate from a network proven by its `.parameters()`, tested in Python every minibatch
+            """
+            import torch
+            class Learner:
+                def __init__(self, net, kl_limit):
+                    self.net = net.cuda()
+                    self.opt = torch.optim.Adam(self.net.parameters())
+                    self.kl_limit = kl_limit
+                def update(self, minibatches):
+                    for obs, act, old_logp, adv in minibatches:
+                        out = self.net(obs, act)
+                        kl = (old_logp - out["logp"]).mean()
+                        loss = -(torch.exp(out["logp"] - old_logp) * adv).mean()
+                        if kl <= 1.5 * self.kl_limit:
+                            self.opt.zero_grad()
+                            loss.backward()
+                            self.opt.step()
+            """
+        ),
         Invalid(  # the same draw made on the device is read back every call
             """
             import torch

@@ -226,8 +226,8 @@ def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) 
         return True
     if qual in ("torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"):
         return True
-    if ctx.evidence.is_module(node.func) is Confidence.HIGH:
-        return True  # `self.encoder(x)`: a module's output
+    if ctx.evidence.is_module(node.func) is not None:
+        return True  # `self.encoder(x)`: a module's output (also one proven a network by its `.parameters()`)
     if name is not None and isinstance(node.func, cst.Attribute):
         if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
             return True
