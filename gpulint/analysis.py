@@ -209,7 +209,7 @@ def _unwrapped_iterable(node: cst.BaseExpression | None) -> cst.BaseExpression |
 # wrappers that return a loader whose batches arrive on the device (Lightning Fabric, Hugging Face Accelerate)
 _DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_data_loader"})
 # the legacy typed constructors build CPU tensors (`torch.cuda.FloatTensor` is the CUDA family)
-_LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
+LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
 
 
 class BindingKind(str, enum.Enum):
@@ -1288,7 +1288,7 @@ class Evidence:
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)
                 return data is not None and self._host_data(data.value, depth + 1)
-            if _LEGACY_HOST_TENSOR.fullmatch(qual) and node.args and not isinstance(
+            if LEGACY_HOST_TENSOR.fullmatch(qual) and node.args and not isinstance(
                     node.args[0].value, (cst.List, cst.Tuple)):  # `torch.FloatTensor(np.array(boards))` (a few
                 return self._host_data(node.args[0].value, depth + 1)  # Python numbers are GPU013's business)
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",

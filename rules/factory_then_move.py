@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
+from gpulint.analysis import LEGACY_HOST_TENSOR, BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import DEVICE, TENSOR, Placement
@@ -22,6 +22,7 @@ _RANDOM = {"rand", "randn", "randint", "randperm", "normal"}
 _SIZED = {"zeros", "ones", "empty", "rand", "randn"}  # factories whose positional arguments are the shape
 # functions and methods that keep a factory's values exact on any device: `torch.tril(torch.ones(n, n))`
 _TRIANGLES = frozenset({"torch.tril", "torch.triu"})
+_IN_PLACE_FILLS = frozenset({"uniform_", "normal_", "bernoulli_", "exponential_", "random_", "fill_", "zero_"})
 _CASTS = frozenset({"type", "float", "long", "bool", "byte", "int", "half", "double"})
 _TINY = 1024  # elements: a one-off tensor this small costs microseconds wherever it is made
 # Not reported: the `*_like` factories (`zeros_like(x)`, `randn_like(x)`) create the tensor on `x`'s device,
@@ -206,6 +207,17 @@ class FactoryThenMove(Rule):
                     return self.blocks(tokens, causal)
             """
         ),
+        Invalid(  # a legacy CPU constructor filled in place, then moved, in every update: reported, no fix
+            """
+            import torch
+            for obs, actions in minibatches:
+                mean = actor(obs)
+                jitter = torch.FloatTensor(mean.shape).uniform_(-0.5, 0.5).to(device)
+                loss = ((mean + jitter - actions) ** 2).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # two statements in the training step: reported at the factory, no fix (the move is conditional)
             """
             import torch
@@ -260,6 +272,11 @@ class FactoryThenMove(Rule):
         kind = self._factory_kind(factory) if isinstance(factory, cst.Call) else None
         if kind is None or not isinstance(factory, cst.Call):
             factory = moved
+            if self._filled_on_host(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
+                    and self._move(node, name) is not None:
+                self.report(node, note="allocate it on the device and fill it there: "
+                                       "`torch.empty(shape, device=...).uniform_(a, b)`")
+                return
             if self._cpu_noise(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
                     and self._move(node, name) is not None:
                 self.report(node, "Noise drawn on the CPU from a distribution with Python-number parameters, then "
@@ -337,6 +354,13 @@ class FactoryThenMove(Rule):
                 and call_arg(moved, "out") is None and isinstance(moved.args[0].value, cst.Call):
             return moved.args[0].value, moved, cast
         return moved, None, cast
+
+    def _filled_on_host(self, value: cst.BaseExpression) -> bool:
+        """`torch.FloatTensor(shape).uniform_(a, b)`: a legacy CPU constructor filled in place (random or
+        constant values), then moved."""
+        return isinstance(value, cst.Call) and method_name(value) in _IN_PLACE_FILLS \
+            and isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call) \
+            and LEGACY_HOST_TENSOR.fullmatch(self.ctx.qualname(value.func.value.func) or "") is not None
 
     def _cpu_noise(self, value: cst.BaseExpression) -> bool:
         """`Normal(0, 1).sample(shape)`, also through names bound once (`z = normal.sample(s)`, `normal =
