@@ -915,7 +915,8 @@ class CallGraph:
         self._trainer_set = self._trainers(step_functions)
         # `if t % train_every == 0: agent.learn(replay)` in a loop: each call is still one training step
         repeated_steps = self._steps_called_in_loops(step_functions)
-        self._rare = self._rarely_called() - repeated_steps
+        handed_on = self._steps_handed_on(step_functions)
+        self._rare = self._rarely_called() - repeated_steps - handed_on
         self._rare_rollout: set[tuple[str, str]] = set()
         self._heavy = self._runs_loops_of_its_own()
         frontier: list[tuple[str, str, Frequency, int]] = []
@@ -923,6 +924,8 @@ class CallGraph:
             for key, fn in summary.functions.items():
                 if fn.seed > Frequency.ONCE:
                     frontier.append((path, key, fn.seed, 0))
+                if (path, key) in handed_on:  # called again and again by what it was handed to
+                    frontier.append((path, key, Frequency.PER_STEP, 0))
                 if (path, key) in repeated_steps:  # one training step per call: what it calls runs per step
                     frontier.extend((*callee, Frequency.PER_STEP, 1) for site in fn.sites if not site.throttled
                                     for callee in self.resolve(path, fn, site.target) if callee != (path, key))
@@ -985,6 +988,13 @@ class CallGraph:
         return {callee for path, summary in self.files.items() for fn in summary.functions.values()
                 for site in fn.sites if site.loops and site.frequency > Frequency.ONCE
                 for callee in self.resolve(path, fn, site.target) if callee in step_functions}
+
+    def _steps_handed_on(self, step_functions: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Step functions handed to another function to call (`fmin_l_bfgs_b(value_loss_and_grad, x0)`: an
+        optimizer calls its closure once per iteration)."""
+        return {callee for path, summary in self.files.items() for fn in summary.functions.values()
+                for site in fn.sites for _, name in site.passed
+                for callee in self._resolve(path, fn, ("name", name)) if callee in step_functions}
 
     def _rarely_called(self) -> set[tuple[str, str]]:
         """Functions the program calls only now and then: every call site it has is throttled (`if step %

@@ -23,3 +23,18 @@ class Learner:
 
     def sync(self):  # frequency: once
         self.target_net.load_state_dict(self.q_net.state_dict())
+
+
+def fit_critic(critic, states, returns, minimize):
+    """A closure handed to an optimizer routine, which calls it once per iteration."""
+    def value_loss(flat_params):  # frequency: per-step
+        critic.load_flat(flat_params)
+        loss = (critic(states) - returns).pow(2).mean()
+        loss.backward()
+        return report(loss), critic.flat_grad()
+
+    return minimize(value_loss, critic.flat())
+
+
+def report(loss):  # frequency: per-step
+    return loss.item()
