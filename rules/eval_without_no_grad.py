@@ -98,7 +98,9 @@ class EvalWithoutNoGrad(Rule):
     reads its argument back to the host): acting needs no graph. In a loop or step function that both acts and
     trains (a DQN loop: pick the action with the network, step the environment, then update), each network call
     whose outputs are only read back to the host or handed to the environment before being replaced; and in a
-    tree search written as one loop (a network evaluation per simulation), each such call.
+    tree search written as one loop (a network evaluation per simulation), each such call. Also autoregressive
+    sampling and decoding methods (`generate`, `sample`, `greedy_decode`, `beam_search`, `translate`) that run
+    the network in a loop, unless they keep log-probabilities or gathered scores to train on.
 
     ## Why is this slow
     With grad mode on, every forward op saves its inputs for a backward pass that never comes: activation

@@ -43,6 +43,10 @@ class FactoryThenMove(Rule):
     them in the step (`pmfs[torch.arange(n), actions]`, which copies the index to the GPU and waits). Also
     noise drawn in the step from a `torch.distributions` object whose parameters are Python numbers
     (`Normal(0, 1).sample(shape).to(device)`): it is drawn on the CPU and copied (reported without a fix).
+    The factory may sit inside an exact triangle (`torch.tril(torch.ones(n, n)).to(device)`, fixed by
+    creating the inner factory on the device) or behind a cast (`torch.ones(n, n).type(torch.ByteTensor).to(
+    device)`), and may be a legacy constructor filled in place (`torch.FloatTensor(shape).uniform_(a, b).to(
+    device)`); these last two are reported without a fix.
 
     ## Why is this slow
     The tensor is allocated and filled in host memory, then copied to the GPU with a blocking pageable copy
