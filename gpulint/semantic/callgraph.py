@@ -994,7 +994,7 @@ class CallGraph:
         optimizer calls its closure once per iteration)."""
         return {callee for path, summary in self.files.items() for fn in summary.functions.values()
                 for site in fn.sites for _, name in site.passed
-                for callee in self._resolve(path, fn, ("name", name)) if callee in step_functions}
+                for callee in self.resolve(path, fn, ("name", name)) if callee in step_functions}
 
     def _rarely_called(self) -> set[tuple[str, str]]:
         """Functions the program calls only now and then: every call site it has is throttled (`if step %
