@@ -77,8 +77,9 @@ class ProgramFacts:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         key = (regex.pattern, regex.flags)
         if key not in self._found:
-            self._found[key] = [(path, match) for path, text in self.sources.items()
-                                for match in regex.finditer(text)]
+            with program_work():
+                self._found[key] = [(path, match) for path, text in self.sources.items()
+                                    for match in regex.finditer(text)]
         return self._found[key]
 
     def derived(self, key: str, build: Callable[["ProgramFacts"], Any]) -> Any:
@@ -86,13 +87,36 @@ class ProgramFacts:
         every file and call site. Like `search`, reading it makes the file's result depend on the program."""
         self.searched = True
         if key not in self._derived:
-            self._derived[key] = build(self)
+            with program_work():
+                self._derived[key] = build(self)
         return self._derived[key]
 
     @classmethod
     def of_single_file(cls, path: str, text: str, analysis: FileAnalysis) -> "ProgramFacts":
         return cls(analysis.cuda_evidence, analysis.maybe_cuda_evidence,
                    {name for name, info in analysis.classes.items() if info.is_module}, {path: text})
+
+
+# Called with True before and False after work done once per run for every file of the program (a search of all
+# its texts): a worker tells its parent, so that the time is not charged to the file that happened to ask first.
+PROGRAM_WORK_LISTENER: Callable[[bool], None] | None = None
+
+
+_PROGRAM_WORK_DEPTH = [0]  # nested program work (a derived index that searches) is told once
+
+
+@contextmanager
+def program_work() -> Iterator[None]:
+    listener = PROGRAM_WORK_LISTENER if _PROGRAM_WORK_DEPTH[0] == 0 else None
+    _PROGRAM_WORK_DEPTH[0] += 1
+    if listener is not None:
+        listener(True)
+    try:
+        yield
+    finally:
+        _PROGRAM_WORK_DEPTH[0] -= 1
+        if listener is not None:
+            listener(False)
 
 
 class RuleCrash(Exception):

@@ -501,6 +501,7 @@ class _Worker:
         self.cpu_started: float | None = None  # the worker's CPU seconds when its current file began
         self.buffer = bytearray()
         self.has_graph = pool.graph is None  # no graph being built: it is in this process already (inherited)
+        self.paused: tuple[float, float | None] | None = None  # (when, CPU seconds) program-wide work began
         self.parsed: list[int] = []  # files this worker parsed ahead, waiting for the call graph
         self.parse_time: dict[int, float] = {}  # seconds each of them took (counted against the time limit)
         pool.parent_fds.update((task_write, result_read))
@@ -528,6 +529,9 @@ _PARSE_AHEAD_TEXT = 1 << 20  # characters of source a worker parses ahead at mos
 
 def _worker_loop(task_fd: int, result_fd: int, tasks: Sequence[_Task], program: ProgramFacts,
                  settings: _Settings) -> None:
+    from gpulint import engine
+
+    engine.PROGRAM_WORK_LISTENER = lambda started: _send(result_fd, ("program", started))
     parsed: dict[int, Any] = {}  # index -> syntax tree parsed ahead
     while True:
         header = _read_exactly(task_fd, 4)
@@ -765,7 +769,7 @@ class _Isolated:
             worker.current = None
             index = None
         if index is not None:
-            worker.current, worker.started = index, started
+            worker.current, worker.started, worker.paused = index, started, None
             cpu = _cpu_seconds(worker.pid)
             worker.cpu_started = None if cpu is None else cpu - (now - started)  # a parse ahead counts in full
             words += word.to_bytes(4, "big")
@@ -847,7 +851,10 @@ class _Isolated:
                             break
                         message = pickle.loads(worker.buffer[_FRAME:_FRAME + size])
                         del worker.buffer[:_FRAME + size]
-                        if len(message) == 2:  # ("parsed", index): parsed ahead, kept by the worker
+                        if message[0] == "program":  # ("program", True/False): program-wide work, not the file's
+                            self._program_work(worker, message[1])
+                            continue
+                        if message[0] == "parsed":  # ("parsed", index): parsed ahead, kept by the worker
                             index = message[1]
                             worker.parse_time[index] = time.monotonic() - worker.started
                             worker.parsed.append(index)
@@ -887,10 +894,28 @@ class _Isolated:
                 self._retire(worker, kill=worker.current is not None)
             self.selector.close()
 
+    def _program_work(self, worker: _Worker, started: bool) -> None:
+        """The worker began or ended work done once per run for all files (a search of every text of the program):
+        its file's clock stops meanwhile, in wall and CPU time."""
+        now = time.monotonic()
+        if started:
+            worker.paused = (now, _cpu_seconds(worker.pid))
+            return
+        if worker.paused is None:
+            return
+        paused_at, cpu_at = worker.paused
+        worker.paused = None
+        worker.started += now - paused_at
+        cpu = _cpu_seconds(worker.pid)
+        if worker.cpu_started is not None and cpu is not None and cpu_at is not None:
+            worker.cpu_started += cpu - cpu_at
+
     def _over_limit(self, worker: _Worker, now: float) -> bool:
         """Has the worker spent the time limit on its file? Wall time, unless the machine starved it: a worker that
         got less than half the limit in CPU time gets up to `_STARVED_GRACE` times the limit in wall time (a
         healthy file on an oversubscribed machine is not a file that takes too long)."""
+        if worker.paused is not None:  # program-wide work: bounded by the program's size, given a wider limit
+            return now - worker.paused[0] >= self.limit * _STARVED_GRACE
         wall = now - worker.started
         if wall < self.limit:
             return False
