@@ -147,6 +147,12 @@ def test_tensor_proven_by_use() -> None:
                                "    weighted = (weights * loss).mean()\n    weighted.backward()\n")
     found = tensors_by_use(chained.body[0])
     assert {"weighted", "loss", "v_loss"} <= found and "coef" not in found
+    # a name rebound from its own earlier value by a call held something else before; a reduction of itself did not
+    rebound = cst.parse_module("def f(net, buffer, opt):\n    states, rewards = buffer.sample()\n"
+                               "    rewards = to_device(rewards)\n    err = net(states) - rewards\n"
+                               "    loss = err.pow(2)\n    loss = loss.mean()\n    loss.backward()\n")
+    found = tensors_by_use(rebound.body[0])
+    assert "err" in found and "rewards" not in found
 
 
 def test_rollout_loop_kind_is_hot_kind() -> None:

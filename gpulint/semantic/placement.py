@@ -708,8 +708,11 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
                 leaves = []
                 _loss_operands(value, leaves)
                 for leaf in leaves:
-                    if isinstance(leaf, cst.Name) and leaf.value not in seen and any(
-                            _computed(v) for v in assigned.get(leaf.value, ())):
+                    values = assigned.get(leaf.value, ()) if isinstance(leaf, cst.Name) else ()
+                    # `rewards = to_device(rewards)`: the name held something else before (host data): not proven;
+                    # `loss = loss.mean()` keeps a tensor a tensor
+                    if values and leaf.value not in seen and any(_computed(v) for v in values) and not any(
+                            _converts(v, leaf.value) for v in values):
                         seen.add(leaf.value)
                         proven.add(leaf.value)
                         following.append(leaf.value)
@@ -738,6 +741,16 @@ def _loss_operands(node: cst.BaseExpression, out: list[cst.BaseExpression]) -> N
             _loss_operands(leaf, out)
         else:
             out.append(leaf)
+
+
+def _converts(value: cst.BaseExpression, name: str) -> bool:
+    """Does `name = value` read the name's earlier value other than through a tensor method on it?"""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in _TENSOR_REDUCTIONS:
+        value = value.func.value
+    if isinstance(value, cst.Name) and value.value == name:
+        return False
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(value, into_functions=True))
 
 
 def _computed(value: cst.BaseExpression) -> bool:
