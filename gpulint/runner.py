@@ -426,6 +426,15 @@ def die_with_parent() -> None:
         pass
 
 
+def _flush_before_fork() -> None:
+    """Nothing buffered in this process may be written twice, by it and by a forked child."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def call_isolated(function: Callable[[], Any], path: str, text: str) -> tuple[bool, Any]:
     """`function()` in a forked child (Linux; in-process elsewhere): (True, its result) or, when the child died
     (a crash of the native parser), (False, the diagnostic that reports it: GPU900 where CPython rejects `text`
@@ -434,11 +443,7 @@ def call_isolated(function: Callable[[], Any], path: str, text: str) -> tuple[bo
 
     if not _isolating():
         return True, function()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_before_fork()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -607,11 +612,7 @@ class _GraphBuilder:
     parent builds the graph itself, as it did before the workers started."""
 
     def __init__(self, build: Callable[[], tuple], parent_fds: set[int]) -> None:
-        for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_before_fork()
         read_end, write_end = os.pipe()
         parent = os.getpid()
         pid = os.fork()
@@ -698,18 +699,13 @@ class _Isolated:
         self.parent_fds: set[int] = set()
         self.live: list[_Worker] = []
         self.selector = selectors.DefaultSelector()
-        self.graph = graph  # the call graph's builder while it runs
+        self.graph: _GraphBuilder | None = None  # the call graph's builder while it runs
         if graph is not None:
-            self.selector.register(graph.fd, selectors.EVENT_READ, graph)
-            self.parent_fds.add(graph.fd)
+            self._watch_graph(graph)
         self.graph_frame = b""
 
     def _spawn(self) -> _Worker:
-        for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_before_fork()
         worker = _Worker(self)
         self.live.append(worker)
         self.selector.register(worker.results_fd, selectors.EVENT_READ, worker)
@@ -721,14 +717,12 @@ class _Isolated:
         if self.settings.fix:
             self.program.call_graph_state()  # fixing: the fixer parses for itself, there is nothing to parse ahead
             return
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        self.graph = _GraphBuilder(self.program.call_graph_state, self.parent_fds)
-        self.selector.register(self.graph.fd, selectors.EVENT_READ, self.graph)
-        self.parent_fds.add(self.graph.fd)
+        self._watch_graph(_GraphBuilder(self.program.call_graph_state, self.parent_fds))
+
+    def _watch_graph(self, graph: _GraphBuilder) -> None:
+        self.graph = graph
+        self.selector.register(graph.fd, selectors.EVENT_READ, graph)
+        self.parent_fds.add(graph.fd)  # workers forked later close it
 
     def _graph_done(self) -> None:
         """The builder finished: take its graph (or build it here), then hand it to every idle worker."""

@@ -41,7 +41,7 @@ _NOT_FORWARD = {"eval", "train", "to", "cuda", "cpu", "parameters", "state_dict"
 _CALLER_NO_GRAD = r"^([ \t]*)(with\s+[^\n]*\b(no_grad|inference_mode)\s*\(|@[\w.]*\b(no_grad|inference_mode)\b)"
 
 
-# examples (below) whose expected fix is the same text with `get_action` decorated
+# examples (below) whose expected fix is the same text with the acting or sampling method decorated
 _DETACHED_LOG_PROB = """
             import torch
             from torch.distributions import Categorical
@@ -81,9 +81,22 @@ _ACTING_METHOD = """
             """
 
 
-def _decorated_get_action(code: str) -> str:
-    """An example's expected fix: `get_action` decorated with `@torch.no_grad()`."""
-    return re.sub(r"^( *)def get_action", r"\1@torch.no_grad()\n\1def get_action", code, count=1, flags=re.M)
+_SAMPLING_LOOP = """
+            import torch
+            device = torch.device("cuda")
+            class CharModel(torch.nn.Module):
+                def generate(self, context, new_tokens):
+                    for _ in range(new_tokens):
+                        logits = self(context[:, -64:])[:, -1, :]
+                        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+                        context = torch.cat((context, nxt), dim=1)
+                    return context
+            """
+
+
+def _decorated(code: str, function: str = "get_action") -> str:
+    """An example's expected fix: `function` decorated with `@torch.no_grad()`."""
+    return re.sub(rf"^( *)def {function}\b", rf"\1@torch.no_grad()\n\1def {function}", code, count=1, flags=re.M)
 
 
 class EvalWithoutNoGrad(Rule):
@@ -173,29 +186,8 @@ class EvalWithoutNoGrad(Rule):
             """
         ),
         Invalid(  # an autoregressive sampling loop records a graph for every generated token
-            """
-            import torch
-            device = torch.device("cuda")
-            class CharModel(torch.nn.Module):
-                def generate(self, context, new_tokens):
-                    for _ in range(new_tokens):
-                        logits = self(context[:, -64:])[:, -1, :]
-                        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
-                        context = torch.cat((context, nxt), dim=1)
-                    return context
-            """,
-            fixed="""
-            import torch
-            device = torch.device("cuda")
-            class CharModel(torch.nn.Module):
-                @torch.no_grad()
-                def generate(self, context, new_tokens):
-                    for _ in range(new_tokens):
-                        logits = self(context[:, -64:])[:, -1, :]
-                        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
-                        context = torch.cat((context, nxt), dim=1)
-                    return context
-            """,
+            _SAMPLING_LOOP,
+            fixed=_decorated(_SAMPLING_LOOP, "generate"),
         ),
         Valid(  # gradients are needed: saliency maps
             """
@@ -466,12 +458,12 @@ class EvalWithoutNoGrad(Rule):
         ),
         Invalid(  # the log-probability is detached before it is returned: no graph is kept for a REINFORCE loss
             _DETACHED_LOG_PROB,
-            fixed=_decorated_get_action(_DETACHED_LOG_PROB),
+            fixed=_decorated(_DETACHED_LOG_PROB),
             count=1,
         ),
         Invalid(  # the network's own acting method, through `self.forward`
             _ACTING_METHOD,
-            fixed=_decorated_get_action(_ACTING_METHOD),
+            fixed=_decorated(_ACTING_METHOD),
             count=1,
         ),
         Valid(  # REINFORCE: the log-probability leaves with its graph, the update backpropagates through it

@@ -563,47 +563,44 @@ def test_json_output_never_imports_rich_or_torch(tmp_path):
     assert "rich" not in modules and "torch" not in modules and "gpulint.cli" in modules
 
 
+def _findings_when_train_py_is_delayed(tmp_path, monkeypatch, delay) -> list[tuple[str, int, str]]:
+    """GPU011's findings on one training file, linted by the CLI's forked workers with a 1 s per-file limit, when
+    `delay()` runs (in the worker) before the file's lint."""
+    import gpulint.engine as engine
+    from gpulint.registry import rule_by_code
+    from gpulint.runner import run
+
+    original = engine.lint_text
+
+    def delayed(text, path, *args, **kwargs):
+        if path.endswith("train.py"):
+            delay()
+        return original(text, path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "lint_text", delayed)
+    monkeypatch.setenv("GPULINT_FILE_TIMEOUT", "1")
+    (tmp_path / "train.py").write_text(GOOD)
+    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=2, isolate=True)
+    return [(Path(d.path).name, d.line, d.code) for d in result.diagnostics]
+
+
 def test_program_wide_work_is_not_charged_to_the_file_that_asks_first(tmp_path, monkeypatch):
     """Work done once per run for every file (a search of all the program's texts, which grows with the run: the
     soak's 400 files of 150 KB made one such search take 15 s) stops the asking file's clock: the file is not given
     up although the worker computed past the per-file limit."""
     import gpulint.engine as engine
-    from gpulint.registry import rule_by_code
-    from gpulint.runner import run
 
-    original = engine.lint_text
+    def program_wide_work():
+        with engine.program_work():
+            deadline = time.process_time() + 2.0
+            while time.process_time() < deadline:  # computing, as a search of many large texts does
+                pass
 
-    def program_wide_first(text, path, *args, **kwargs):
-        if path.endswith("train.py"):
-            with engine.program_work():
-                deadline = time.process_time() + 2.0
-                while time.process_time() < deadline:  # computing, as a search of many large texts does
-                    pass
-        return original(text, path, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "lint_text", program_wide_first)
-    monkeypatch.setenv("GPULINT_FILE_TIMEOUT", "1")
-    (tmp_path / "train.py").write_text(GOOD)
-    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=2, isolate=True)  # the CLI's forked workers
-    assert [(Path(d.path).name, d.line, d.code) for d in result.diagnostics] == [("train.py", 3, "GPU011")]
+    assert _findings_when_train_py_is_delayed(tmp_path, monkeypatch, program_wide_work) == [("train.py", 3, "GPU011")]
 
 
 def test_a_worker_the_machine_starves_is_not_given_up(tmp_path, monkeypatch):
     """The per-file limit is wall time only while the worker gets the CPU: a worker that waits past the limit
     without using the CPU (as on an oversubscribed machine) still finishes its file and reports its findings."""
-    import gpulint.engine as engine
-    from gpulint.registry import rule_by_code
-    from gpulint.runner import run
-
-    original = engine.lint_text
-
-    def starved(text, path, *args, **kwargs):
-        if path.endswith("train.py"):
-            time.sleep(1.5)  # waiting, not computing
-        return original(text, path, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "lint_text", starved)
-    monkeypatch.setenv("GPULINT_FILE_TIMEOUT", "1")
-    (tmp_path / "train.py").write_text(GOOD)
-    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=2, isolate=True)  # the CLI's forked workers
-    assert [(Path(d.path).name, d.line, d.code) for d in result.diagnostics] == [("train.py", 3, "GPU011")]
+    waiting = lambda: time.sleep(1.5)  # noqa: E731 - waiting, not computing
+    assert _findings_when_train_py_is_delayed(tmp_path, monkeypatch, waiting) == [("train.py", 3, "GPU011")]

@@ -710,29 +710,32 @@ class CallGraph:
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
         if depth > 6:
             return []
-        places = [p for p, _ in self._classes.get(class_name, [])]
-        if path in places:
-            places = [path]  # the class of the same file
-        elif len(places) > 1:
-            summary = self.files[path]
-            imported = summary.imports.get(class_name)
-            origin = self._module_file(path, imported[0], imported[1]) if imported else self._nearest(path, places)
-            if origin is None and not imported:  # `from common.policies import *` naming one of the copies
-                starred = {self._module_file(path, level, module) for level, module in summary.star_imports}
-                origin = next(iter(starred & set(places)), None) if len(starred & set(places)) == 1 else None
-            if origin not in places:
-                return []  # several classes of that name elsewhere: do not guess
-            places = [origin]
-        for class_path in places:
-            summary = self.files[class_path]
-            key = f"{class_name}.{method}"
-            if key in summary.functions:
-                return [(class_path, key)]
-            for base in summary.classes.get(class_name, []):
-                found = self._method(class_path, base, method, depth + 1)
-                if found:
-                    return found
+        class_path = self._class_file(path, class_name)
+        if class_path is None:
+            return []
+        summary = self.files[class_path]
+        key = f"{class_name}.{method}"
+        if key in summary.functions:
+            return [(class_path, key)]
+        for base in summary.classes.get(class_name, []):
+            found = self._method(class_path, base, method, depth + 1)
+            if found:
+                return found
         return []
+
+    def _class_file(self, path: str, class_name: str) -> str | None:
+        """The file defining the program class `class_name` as `path` sees it: its own, the one it imports (also
+        through `from common.policies import *`), the only one; None when unknown or several could be meant."""
+        places = [p for p, _ in self._classes.get(class_name, [])]
+        if path in places or len(places) <= 1:
+            return path if path in places else (places[0] if places else None)
+        summary = self.files[path]
+        imported = summary.imports.get(class_name)
+        origin = self._module_file(path, imported[0], imported[1]) if imported else self._nearest(path, places)
+        if origin is None and not imported:  # `from common.policies import *` naming one of the copies
+            starred = {self._module_file(path, level, module) for level, module in summary.star_imports} & set(places)
+            origin = next(iter(starred)) if len(starred) == 1 else None
+        return origin if origin in places else None  # several classes of that name elsewhere: do not guess
 
     def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
         """`self.pick_action(state)` in a base class: the subclasses' definitions (a template method:
@@ -844,12 +847,9 @@ class CallGraph:
         if not attribute or "." in attribute:
             return []
         for owner in self.files[path].instances.get(head, ()):
-            places = [p for p, _ in self._classes.get(owner, [])]
-            places = [path] if path in places else places  # the owner class of the same file
-            if len(places) != 1:
-                continue
-            for held in self.files[places[0]].instances.get(f"self.{attribute}", ()):
-                found = self._method(places[0], held, method)
+            owner_file = self._class_file(path, owner)
+            for held in self.files[owner_file].instances.get(f"self.{attribute}", ()) if owner_file else ():
+                found = self._method(owner_file, held, method)
                 if found:
                     return found
         return []

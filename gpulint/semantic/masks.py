@@ -23,7 +23,7 @@ from gpulint.analysis import (
     walk,
 )
 from gpulint.rule import RuleContext
-from gpulint.semantic.placement import Placement
+from gpulint.semantic.placement import TENSOR_PRESERVING_METHODS, Placement
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,6 @@ STATIC_METHODS = {"size", "dim", "numel", "ndimension", "nelement", "element_siz
                   "is_floating_point", "is_complex", "data_ptr", "item", "tolist", "numpy", "get_device",
                   "stride", "storage_offset", "is_pinned", "has_names", "is_set_to", "is_shared", "__len__",
                   "keys", "values", "items", "startswith", "endswith", "isdigit", "lower", "upper"}
-_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var", "median", "nansum",
-               "nanmean", "any", "all", "count_nonzero", "abs", "float", "half", "bfloat16", "double", "exp",
-               "log", "sqrt", "detach", "clone", "contiguous", "to", "cuda", "squeeze", "unsqueeze",
-               "reshape", "view", "flatten", "transpose", "permute", "t", "softmax", "sigmoid", "isnan", "isinf",
-               "isfinite", "bool", "long", "int", "eq", "ne", "gt", "ge", "lt", "le", "logical_not"}
 _ANNOTATION_TENSOR = re.compile(r"\bTensor\b")
 _ANNOTATION_NOT_TENSOR = re.compile(r"\b(ndarray|np\.|numpy|list|List|int|float|bool|str|dict|Dict|Sequence)\b")
 
@@ -231,7 +226,7 @@ def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) 
     if name is not None and isinstance(node.func, cst.Attribute):
         if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
             return True
-        if name in _SHARED_WITH_NUMPY or name in _REDUCTIONS:
+        if name in _SHARED_WITH_NUMPY or name in TENSOR_PRESERVING_METHODS:
             return tensor_verdict(ctx, node.func.value, depth + 1, at)
     return None
 
