@@ -157,8 +157,13 @@ def synthetic_training_file(size: int) -> str:
 
 # GPU010 and GPU051 were superlinear here (their loader questions scanned every assignment, call and loop of the
 # file once per DataLoader); `semantic.loaders` now indexes the file once, and the tests below keep it so.
-def _lint_seconds(text: str, rules) -> float:
-    """CPU seconds of one lint of `text` in a fresh process (CPU time: other load on the machine barely moves it)."""
+def _lint_seconds(text: str, rules, repeat: int = 1) -> float:
+    """CPU seconds of one lint of `text` in a fresh process (CPU time: other load on the machine barely moves it),
+    the least of `repeat` such runs: a one-second lint varies by a third between runs on a shared machine."""
+    return min(_lint_seconds_once(text, rules) for _ in range(repeat))
+
+
+def _lint_seconds_once(text: str, rules) -> float:
     code = ("import sys, time\nfrom gpulint.engine import lint_text\nfrom gpulint.registry import rule_by_code\n"
             "text = sys.stdin.read()\nrules = [rule_by_code(c) for c in sys.argv[1].split(',')]\n"
             "start = time.process_time()\nlint_text(text, 'big.py', rules)\nprint(time.process_time() - start)\n")
@@ -193,12 +198,13 @@ def test_gpu022_and_gpu024_alone_are_linear():
 @pytest.mark.slow
 @pytest.mark.parametrize("code", ["GPU010", "GPU051"])
 def test_loader_rules_alone_are_linear(code):
-    """Were 11x (GPU010) and 9.4x (GPU051) for 4x the size: one scan of the file per DataLoader."""
+    """Were 11x (GPU010) and 9.4x (GPU051) for 4x the size: one scan of the file per DataLoader.
+    Linear runs measure 4.5x-5.9x here (a larger tree outgrows the caches), so the bound is 7.5x."""
     from gpulint.registry import rule_by_code
 
-    small = _lint_seconds(synthetic_training_file(100_000), [rule_by_code(code)])
-    large = _lint_seconds(synthetic_training_file(400_000), [rule_by_code(code)])
-    assert large < 6.5 * small, (small, large)
+    small = _lint_seconds(synthetic_training_file(100_000), [rule_by_code(code)], repeat=3)
+    large = _lint_seconds(synthetic_training_file(400_000), [rule_by_code(code)], repeat=3)
+    assert large < 7.5 * small, (small, large)
 
 
 def _rebinding_file(count: int) -> str:
