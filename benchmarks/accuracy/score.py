@@ -1,6 +1,6 @@
 """Score `gpulint check` against blind labels of public training repositories.
 
-    python benchmarks/accuracy/score.py --mirrors DIR [--split dev|test|all] [--list-unlabeled] [--json OUT]
+    python benchmarks/accuracy/score.py --mirrors DIR [--split dev|test|all] [--repo OWNER/NAME] [--list-unlabeled] [--json OUT]
 
 `labels/<owner>__<name>.json` pin a commit and list, for the files labeled exhaustively, every occurrence of a
 catalog pattern (`clear`), every look-alike that must stay quiet (`trap`) and the judgement calls (`debatable`,
@@ -106,10 +106,14 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-def module_names(path: str) -> set[str]:
-    """The dotted names a file can be imported by (`mingpt/trainer.py` -> mingpt.trainer, trainer)."""
+def module_names(path: str, importer: str) -> set[str]:
+    """The dotted names by which the file `importer` can import the file `path`: a package path
+    (`mingpt/trainer.py` -> mingpt.trainer), or the bare name of a file in the importer's folder (`trainer`)."""
     parts = PurePosixPath(path).with_suffix("").parts
-    return {".".join(parts[start:]) for start in range(len(parts))}
+    names = {".".join(parts[start:]) for start in range(len(parts) - 1)}
+    if PurePosixPath(path).parent == PurePosixPath(importer).parent:
+        names.add(parts[-1])
+    return names
 
 
 def matches(finding: dict, label: dict) -> bool:
@@ -118,8 +122,17 @@ def matches(finding: dict, label: dict) -> bool:
     if label["code"] in PROGRAM_LEVEL:
         # a program-level finding is reported once for the program: in the file of the training step the label
         # points at, or in the entry script that imports it and starts the training
-        return finding["path"] == label["path"] or bool(finding.get("imports", set()) & module_names(label["path"]))
+        imports = finding.get("imports", set())
+        return finding["path"] == label["path"] or bool(imports & module_names(label["path"], finding["path"]))
     return finding["path"] == label["path"] and abs(finding["location"]["row"] - label["line"]) <= LINE_TOLERANCE
+
+
+def _distance(finding: dict, label: dict) -> int:
+    """How far a matching label is from the finding: lines in the same file (none for a program-level code,
+    reported once per file), farther than any of those in another file."""
+    if finding["path"] != label["path"]:
+        return LINE_TOLERANCE + 1
+    return 0 if label["code"] in PROGRAM_LEVEL else abs(finding["location"]["row"] - label["line"])
 
 
 def score_repo(data: dict, findings: list[dict]) -> dict:
@@ -130,8 +143,7 @@ def score_repo(data: dict, findings: list[dict]) -> dict:
     hits: set[int] = set()
     outside = []
     for finding in relevant:
-        candidates = [(abs(finding["location"]["row"] - label["line"]) if finding["path"] == label["path"] else
-                       LINE_TOLERANCE + 1, index) for index, label in enumerate(data["labels"])
+        candidates = [(_distance(finding, label), index) for index, label in enumerate(data["labels"])
                       if matches(finding, label)]
         if candidates:
             hits.add(min(candidates)[1])
@@ -164,6 +176,8 @@ def main() -> int:
     parser.add_argument("--mirrors", type=Path, required=True, help="folder of clones/mirrors of the repositories")
     parser.add_argument("--clone", action="store_true", help="clone missing repositories from GitHub")
     parser.add_argument("--split", choices=("dev", "test", "all"), default="all")
+    parser.add_argument("--repo", action="append", default=[], metavar="OWNER/NAME",
+                        help="score only this repository (repeatable)")
     parser.add_argument("--list-unlabeled", action="store_true",
                         help="print findings outside any label (never do this for the test split)")
     parser.add_argument("--list-missed", action="store_true", help="print clear labels gpulint missed (dev only)")
@@ -171,6 +185,8 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for data in load_labels(args.split):
+        if args.repo and data["repo"] not in args.repo:
+            continue
         with tempfile.TemporaryDirectory(prefix="gpulint-accuracy-") as tmp:
             tree = Path(tmp) / data["repo"].replace("/", "__")
             tree.mkdir()
