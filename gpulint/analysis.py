@@ -1307,7 +1307,10 @@ class Evidence:
             bindings = self.a.reaching_bindings(node.value, self.ancestors) if before is None else \
                 [b for b in self.a.bindings_of(node.value, self.ancestors) if b.order < before][-1:]
             for binding in bindings:
-                if binding.kind is BindingKind.FOR and binding.value is not None:
+                if binding.kind is BindingKind.PARAM:
+                    if self._receives_batch(node.value):
+                        return True
+                elif binding.kind is BindingKind.FOR and binding.value is not None:
                     if self._for_target_is_batch(binding):
                         return True
                 elif binding.kind is BindingKind.ASSIGN and binding.value is not None:
@@ -1320,6 +1323,12 @@ class Evidence:
                     if self.is_cpu_source(value, depth + 1, binding.order):
                         return True
         return False
+
+    def _receives_batch(self, parameter: str) -> bool:
+        """A parameter of the enclosing function that its callers pass part of a loader's batch (`#batch-parameter:`
+        marker of the program's call graph: `for x, y in loader: calc_loss(x, y, model)`)."""
+        function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
+        return function is not None and f"{self.a.key_of(function)}#batch-parameter:{parameter}" in self.a.program_keys
 
     def _samples_host_batch(self, call: cst.Call) -> bool:
         """`memory.sample(batch_size)` (or `buffer.sample.remote(n)` through Ray) where the program's call graph

@@ -229,6 +229,42 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """,
         ),
+        Invalid(  # a helper the step loop hands each batch to (in any file of the program)
+            """
+            import torch
+            def loss_of(x, y, model, device):
+                x, y = x.to(device), y.to(device)
+                return torch.nn.functional.cross_entropy(model(x), y)
+            def train(model, loader, opt, device):
+                for x, y in loader:
+                    loss_of(x, y, model, device).backward()
+                    opt.step()
+            """,
+            fixed="""
+            import torch
+            def loss_of(x, y, model, device):
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                return torch.nn.functional.cross_entropy(model(x), y)
+            def train(model, loader, opt, device):
+                for x, y in loader:
+                    loss_of(x, y, model, device).backward()
+                    opt.step()
+            """,
+        ),
+        Valid(  # the loader's collate function already moves each batch to the device
+            """
+            import torch
+            from functools import partial
+            def collate(items, device):
+                return torch.stack(items).to(device)
+            def loss_of(x, model, device):
+                return model(x.to(device)).mean()
+            loader = torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=partial(collate, device="cuda"))
+            for x in loader:
+                loss_of(x, model, "cuda").backward()
+                opt.step()
+            """
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),

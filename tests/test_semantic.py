@@ -1,7 +1,8 @@
 """The semantic layer on its own: how often functions run across files, which loops are hot, values proven by use.
 
 Programs under tests/data/semantic/<program>/ state their expectations in comments: `# frequency: per-step` on a
-`def` line (the call graph's verdict for that function; `once` when no caller repeats it) and `# hot: rollout`
+`def` line (the call graph's verdict for that function; `once` when no caller repeats it), `# batch-params: x-y`
+on a `def` line (its parameters that callers pass parts of a loader's batch; `none`) and `# hot: rollout`
 on a loop line (the hot-region kind the per-file analysis gives the loop; `none` when it is not hot)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpulint.semantic.callgraph import CallGraph, Frequency
 from gpulint.semantic.loaders import LoaderFlow
 
 PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
-_EXPECT = re.compile(r"(?:#|,)\s*(frequency|hot|feeds-training|per-epoch):\s*([\w-]+)")
+_EXPECT = re.compile(r"(?:#|,)\s*(frequency|hot|feeds-training|per-epoch|batch-params):\s*([\w-]+)")
 
 
 def _sources(program: Path) -> dict[str, str]:
@@ -63,6 +64,16 @@ def test_function_frequency(program: Path, path: str, line: int, expected: str) 
     key = _function_keys(sources[path])[line]
     found = graph.frequency.get((path, key), Frequency.ONCE)
     assert found.name.lower().replace("_", "-") == expected, f"{path}:{line} {key}"
+
+
+@pytest.mark.parametrize("program, path, line, expected", _expectations("batch-params"),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_parameters_receiving_a_batch(program: Path, path: str, line: int, expected: str) -> None:
+    sources = _sources(program)
+    key = _function_keys(sources[path])[line]
+    markers = CallGraph(sources).by_file().get(path, {})
+    found = sorted(m.split(":", 1)[1] for m in markers if m.startswith(f"{key}#batch-parameter:"))
+    assert ("-".join(found) or "none") == expected, f"{path}:{line} {key}: {found}"
 
 
 @pytest.mark.parametrize("program, path, line, expected", _expectations("hot"),

@@ -101,6 +101,8 @@ class FunctionSummary:
     # local names (or `self.x`) bound to a call's result, with the tuple element taken (`a, b = f()`)
     results: dict[str, list[tuple[tuple[str, ...], int | None]]] = field(default_factory=dict)
     loop_reads: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (loop id, what it iterates)
+    # loop id -> the names its `for` target binds to the items (`for i, (x, y) in enumerate(loader)` -> x, y)
+    loop_targets: dict[int, tuple[str, ...]] = field(default_factory=dict)
     copies: dict[str, list[str]] = field(default_factory=dict)  # `self.loader = loader`: target -> sources
     rebound_in_loops: set[str] = field(default_factory=set)  # result names bound inside a loop (rebuilt each pass)
     backward_names: set[str] = field(default_factory=set)  # names backpropagated here (`loss.backward()`, the
@@ -109,6 +111,7 @@ class FunctionSummary:
     uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
     downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
     returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
+    moves_to_device: bool = False  # calls `.to(...)` or `.cuda()` (a collate function that does delivers device batches)
 
 
 @dataclass
@@ -125,6 +128,10 @@ class FileSummary:
     env_loops: set[int] = field(default_factory=set)  # ids of loops that step an environment or game directly
     step_loops: set[int] = field(default_factory=set)  # ids of loops that do a training step themselves
     nested_loops: set[int] = field(default_factory=set)  # ids of loops inside another loop of their function
+    collate_functions: set[str] = field(default_factory=set)  # names passed as a DataLoader's `collate_fn`
+    device_collate: bool = False  # a DataLoader's `collate_fn` is bound to a device (`partial(collate, device=d)`)
+    # `name = partial(function, ...)`: name -> (function, whether a `device=` is bound)
+    partials: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -210,6 +217,20 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
         iterable = iterable.value
     name = _dotted(iterable)
     return [("value", name)] if name else []
+
+
+def _moves_to_device(body: list) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
+               for statement in body for n in pyast.walk(statement))
+
+
+def _item_names(loop: ast.For | ast.AsyncFor) -> tuple[str, ...]:
+    """The names a `for` target binds to parts of the items, not to an `enumerate` counter."""
+    target = loop.target
+    if isinstance(loop.iter, ast.Call) and _dotted(loop.iter.func) == "enumerate" and isinstance(target, ast.Tuple) \
+            and len(target.elts) == 2:
+        target = target.elts[1]
+    return tuple(n.id for n in pyast.walk(target) if isinstance(n, ast.Name))
 
 
 def _iterates_loader(loop: ast.AST) -> bool:
@@ -329,6 +350,7 @@ class _Summariser:
                 self.file.step_loops.add(id(node))
             if isinstance(node, (ast.For, ast.AsyncFor)):
                 fn.loop_reads.extend((id(node), source) for source in _loop_sources(node.iter))
+                fn.loop_targets[id(node)] = _item_names(node)
             if loops:
                 self.file.nested_loops.add(id(node))
             if _iterates_loader(node):
@@ -367,6 +389,7 @@ class _Summariser:
             return
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
+            self._record_partial(node)
             self._record_result(node, fn, bool(loops))
         elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
             for bound in node.targets:
@@ -395,6 +418,8 @@ class _Summariser:
                 continue
             if vocab.last_part(dotted) == "compile" and call.args and isinstance(call.args[0], ast.Name):
                 self.file.compiled.add(call.args[0].id)
+            if vocab.last_part(dotted) == "DataLoader":
+                self._record_collate(call)
             target = _call_target(dotted)
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
@@ -428,8 +453,30 @@ class _Summariser:
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
+        summary.moves_to_device = _moves_to_device(node.body)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
+
+    def _record_partial(self, node: ast.Assign | ast.AnnAssign) -> None:
+        call = node.value
+        assert isinstance(call, ast.Call)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if vocab.last_part(_dotted(call.func)) != "partial" or len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            return
+        function = vocab.last_part(_dotted(call.args[0])) if call.args else None
+        self.file.partials[targets[0].id] = (function, any(k.arg == "device" for k in call.keywords))
+
+    def _record_collate(self, loader: ast.Call) -> None:
+        collate = next((k.value for k in loader.keywords if k.arg == "collate_fn"), None)
+        if collate is None and len(loader.args) > 6:
+            collate = loader.args[6]  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate)
+        if isinstance(collate, ast.Call) and vocab.last_part(_dotted(collate.func)) == "partial":
+            self.file.device_collate |= any(k.arg == "device" for k in collate.keywords)
+            collate = collate.args[0] if collate.args else None
+        if isinstance(collate, ast.Lambda):
+            self.file.device_collate |= _moves_to_device([collate.body])
+        elif collate is not None and (name := vocab.last_part(_dotted(collate))):
+            self.file.collate_functions.add(name)
 
     def _is_module(self, class_name: str, depth: int = 0) -> bool:
         bases = self.file.classes.get(class_name, [])
@@ -1110,6 +1157,52 @@ class CallGraph:
                  if source[0] == "value" and self._is_training_loop(path, fn, loop)}
         return self._through_calls(seeds)[0]
 
+    def _batch_parameters(self) -> set[tuple[str, str, str]]:
+        """(path, function key, parameter) of the parameters that receive part of a batch a loop takes from a
+        data loader or from the data a training loop iterates (`for x, y in loader: loss = calc_loss(x, y)`),
+        in any file, also through helpers that hand their parameter on. Not from loops of files a loader whose
+        `collate_fn` moves its batches to a device may reach (a batch there may already be on the GPU)."""
+        device_fed = self._fed_device_batches()
+        feeding = self._names_feeding_training()
+        found: set[tuple[str, str, str]] = set()
+        for _ in range(MAX_DEPTH):
+            grown = set()
+            for path, summary in self.files.items():
+                for fn in summary.functions.values():
+                    batch_loops = set() if path in device_fed else {
+                        loop for loop, source in fn.loop_reads
+                        if loop in summary.loader_loops or source[0] == "value"
+                        and self._feeds(path, summary, fn, source[1], feeding)}
+                    for site in fn.sites:
+                        items = {name for loop in site.loops if loop in batch_loops
+                                 for name in fn.loop_targets.get(loop, ())}
+                        for slot, name in site.passed:
+                            if name not in items and (path, fn.key, name) not in found:
+                                continue
+                            for callee in self.resolve(path, fn, site.target):
+                                parameter = self._parameter(callee, slot)
+                                if parameter is not None and (*callee, parameter) not in found:
+                                    grown.add((*callee, parameter))
+            if not grown:
+                break
+            found |= grown
+        return found
+
+    def _fed_device_batches(self) -> set[str]:
+        """Files whose loaders may deliver batches on a device: those building a DataLoader whose `collate_fn`
+        moves its batch (`partial(collate, device=d)`, a collate function calling `.to(...)`), and the files they
+        import (whose training loops they hand such a loader)."""
+        moving = {fn.name for summary in self.files.values() for fn in summary.functions.values() if fn.moves_to_device}
+        found = set()
+        for path, summary in self.files.items():
+            partials = [summary.partials[name] for name in summary.collate_functions if name in summary.partials]
+            if summary.device_collate or any(device or function in moving for function, device in partials) \
+                    or summary.collate_functions & moving:
+                found.add(path)
+                found.update(filter(None, (self._module_file(path, level, module)
+                                           for level, module, _ in summary.imports.values())))
+        return found
+
     def _names_trained_on(self) -> set[tuple[str, str, str]]:
         """(path, function key, name) of the names backpropagated: directly, as an operand of a backpropagated sum
         (`loss = pi_loss + v_loss`), or through a parameter of a function that backpropagates it
@@ -1241,7 +1334,8 @@ class CallGraph:
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
-        a sampler returning tensors built on the host `<function key>#host-batch:<name>`."""
+        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, and one whose parameter
+        receives part of a loader's batch `<function key>#batch-parameter:<parameter>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1270,6 +1364,8 @@ class CallGraph:
                 found.setdefault(path, {})["<module>#trains"] = Frequency.PER_STEP
         for path, markers in self._loader_markers().items():
             found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
+        for path, key, parameter in self._batch_parameters():
+            found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
         for path, summary in self.files.items():  # `tensor(batch.state)`, `to_np(q)`: uploading / reading helpers
             for fn in summary.functions.values():
                 for site in fn.sites:
