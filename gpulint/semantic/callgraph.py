@@ -1017,7 +1017,8 @@ class CallGraph:
             grown = False
             for path, key, fn in every:
                 for site in fn.sites:
-                    if site.throttled:
+                    # one environment step is one rollout step, whatever the wrapper does inside (frame skipping)
+                    if site.throttled or site.target[0] == "attr" and vocab.is_env_step(".".join(site.target[1:])):
                         continue
                     callees = set(self.resolve(path, fn, site.target))
                     if (path, key) not in acts and not site.loops and callees & acts:
