@@ -32,6 +32,8 @@ _INTEGER_DTYPES = {"long", "int64", "int", "int32", "int16", "short", "int8", "u
 # methods between a factory's tensor and its move that keep it where it is: `alpha.expand_as(x).to(x.device)`
 _SHAPE_ONLY = {"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "t", "float", "double",
                "half", "long", "int", "bool", "contiguous", "repeat"}
+# out-of-place writes a chain may make before the move (`torch.zeros(1, n).scatter(1, index, 1.0)`)
+_HOST_CHAIN_WRITES = frozenset({"scatter", "index_fill", "masked_fill", "fill_diagonal_", "tril", "triu"})
 _DEVICE_NAME = re.compile(r"(^|[._])(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
 
@@ -113,6 +115,15 @@ class FactoryThenMove(Rule):
                 z = Normal(mean, std).rsample().to(device)
                 loss = critic(obs, z).mean()
                 loss.backward()
+            """
+        ),
+        Invalid(  # a one-hot row built by a chain of ops on the CPU in every forward, then moved (no fix)
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, obs):
+                    reward = torch.zeros(1, 21).scatter(1, torch.tensor([[10]]), 1.0).repeat(len(obs), 1).to(obs.device)  # error: GPU015
+                    return self.body(obs) + reward
             """
         ),
         Valid(  # zero elements: the "copy" moves nothing
@@ -287,6 +298,11 @@ class FactoryThenMove(Rule):
                                   "copied to the GPU every step: draw it on the device (`torch.randn(shape, "
                                   "device=...)` for a standard normal, or parameters that are device tensors)")
                 return
+            if self._built_up_on_host(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
+                    and self._move(node, name) is not None:
+                self.report(node, note="pass `device=` to the factory at the start of the chain; the ops after it "
+                                       "then run on the device and nothing is copied")
+                return
             self._moved_later(node, name, factory)
             return
         if any(arg.star for arg in node.args) or not _placeable(factory):
@@ -358,6 +374,15 @@ class FactoryThenMove(Rule):
                 and call_arg(moved, "out") is None and isinstance(moved.args[0].value, cst.Call):
             return moved.args[0].value, moved, cast
         return moved, None, cast
+
+    def _built_up_on_host(self, value: cst.BaseExpression) -> bool:
+        """`torch.zeros(1, n).scatter(1, index, 1.0).repeat(b, 1)`: a factory's tensor shaped or written by a chain
+        of tensor methods on the CPU, then moved."""
+        steps = 0
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+                and method_name(value) in _SHAPE_ONLY | _HOST_CHAIN_WRITES:
+            value, steps = value.func.value, steps + 1
+        return steps > 0 and isinstance(value, cst.Call) and self._factory_kind(value) is not None
 
     def _filled_on_host(self, value: cst.BaseExpression) -> bool:
         """`torch.FloatTensor(shape).uniform_(a, b)`: a legacy CPU constructor filled in place (random or

@@ -27,7 +27,9 @@ _TENSOR_CONSTRUCTORS = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor
                         "LongTensor", "IntTensor", "ShortTensor", "ByteTensor", "BoolTensor", "BFloat16Tensor"}
 # Methods between the host tensor and the move that keep it a host tensor: `from_numpy(a).float().to(D)`.
 _HOST_CHAIN = {"float", "double", "half", "bfloat16", "long", "int", "bool", "byte", "view", "reshape", "unsqueeze",
-               "squeeze", "permute", "transpose", "contiguous", "flatten", "type", "t", "clone", "detach"}
+               "squeeze", "permute", "transpose", "contiguous", "flatten", "type", "t", "clone", "detach", "expand",
+               "expand_as", "repeat"}
+_BROADCASTS = frozenset({"expand", "expand_as", "repeat"})
 # Functions that gather a Python sequence of tensors into one (on the device of the pieces).
 _GATHERS = {"stack", "cat", "concat", "concatenate", "vstack", "hstack"}
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
@@ -252,6 +254,20 @@ class HostDataToDevicePerStep(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # a support vector built from a Python list, broadcast on the host, then moved in every forward
+            """
+            import torch
+            import torch.nn as nn
+
+            class ValueHead(nn.Module):
+                def forward(self, x):
+                    probs = torch.softmax(self.body(x), dim=1)
+                    support = torch.tensor([v for v in range(-10, 11)]).expand(probs.shape).float().to(probs.device)
+                    return (support * probs).sum(1)
+
+            head = ValueHead().cuda()
+            """
+        ),
         Invalid(
             """
             import torch
@@ -334,6 +350,10 @@ class HostDataToDevicePerStep(Rule):
         if constant:
             self.report(node, "Constant tensor rebuilt from Python data and copied to the GPU every step: create it "
                               "once (before the loop, or `self.register_buffer(...)` in a module)")
+            return
+        if _broadcast_before_move(node):
+            self.report(node, "Host data turned into a GPU tensor every step, broadcast on the host first: build the "
+                              "small tensor on the device (`device=`) and broadcast it there")
             return
         replacements, imports, note = self._pinned_copy(node, name)
         if call_arg(node, "non_blocking") is not None:
@@ -559,4 +579,14 @@ def _python_scalar(node: cst.BaseExpression) -> bool:
         if isinstance(node.func, cst.Name):
             return node.func.value == "len"
         return method_name(node) in ("size", "numel", "dim")
+    return False
+
+
+def _broadcast_before_move(move: cst.Call) -> bool:
+    """`torch.tensor(values).expand(shape).to(device)`: pinning would copy the broadcast, not the small source."""
+    node = move.func.value if isinstance(move.func, cst.Attribute) else None
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and method_name(node) in _HOST_CHAIN:
+        if method_name(node) in _BROADCASTS:
+            return True
+        node = node.func.value
     return False

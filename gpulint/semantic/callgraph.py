@@ -882,10 +882,13 @@ class CallGraph:
         # beside td3.py and ddpg.py that define theirs)
         nearest = path if path in files else self._nearest(path, files)
         beside = [(p, k) for p, k in candidates if p == nearest]
-        if len({k.rsplit('.', 1)[0] for _, k in beside}) != 1:
-            return []
-        # an interface method (`NeuralNet.predict`): the call runs whichever subclass the object is
-        return [*beside, *(o for o in self._overrides(beside[0][1].rsplit(".", 1)[0], method) if o not in beside)]
+        # an interface method (`NeuralNet.predict`, or an abstract `initial_inference` that the file's networks
+        # override): the call runs whichever subclass the object is
+        for candidate in beside:
+            overrides = self._overrides(candidate[1].rsplit(".", 1)[0], method)
+            if all(other == candidate or other in overrides for other in beside):
+                return [candidate, *(o for o in overrides if o != candidate)]
+        return []
 
     def _attribute_method(self, path: str, receiver: str, method: str) -> list[tuple[str, str]]:
         """`trainer.policy_net.get_action(s)` with `trainer = Trainer(...)` and `self.policy_net = Policy(...)` in
