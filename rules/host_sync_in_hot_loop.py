@@ -412,6 +412,36 @@ class HostSyncInHotLoop(Rule):
             """,
             count=2,
         ),
+        Invalid(  # a search's network call: outputs of the network's own methods and of a tensor helper, read back
+            """
+            import torch
+            def expected_value(logits, n):
+                return (torch.softmax(logits, -1) * torch.arange(n, device=logits.device)).sum(-1)
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = torch.nn.Linear(4, 8)
+                def prediction(self, h):
+                    return self.body(h), self.body(h)
+                @torch.no_grad()
+                def inference(self, x):
+                    logits, value = self.prediction(x)
+                    value = expected_value(value, 8)
+                    probs = logits.squeeze(0).cpu().numpy()
+                    value = value.squeeze(0).cpu().item()
+                    return probs, value
+            def search(net, state, simulations):
+                for _ in range(simulations):
+                    policy, value = net.inference(state)
+            def play(env, net):
+                state, done = env.reset(), False
+                while not done:
+                    search(net, state, 50)
+                    state, reward, done, _ = env.step(0)
+            net = Net().to("cuda")
+            """,
+            count=2,
+        ),
         Invalid(  # a formatted tensor on another line of a statement that already reads: still one finding
             """
             import torch

@@ -112,6 +112,10 @@ class FunctionSummary:
     downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
     returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
     moves_to_device: bool = False  # calls `.to(...)` or `.cuda()` (a collate function that does delivers device batches)
+    # computes its result with tensor ops from its parameters, never reading back or moving (`def normalise(h):
+    # return (h - h.min()) / h.max()`): the result lives where the arguments do
+    tensor_helper: bool = False
+    abstract: bool = False  # only raises NotImplementedError (or passes): the subclasses' overrides do the work
 
 
 @dataclass
@@ -453,7 +457,10 @@ class _Summariser:
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
+                summary.tensor_helper = _computes_on_arguments(
+                    node, data_params, returns, class_name is not None and self._is_module(class_name))
         summary.moves_to_device = _moves_to_device(node.body)
+        summary.abstract = _is_abstract(node)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
 
@@ -570,6 +577,35 @@ def _downloads_parameter(params: set[str], returned: list[ast.expr]) -> bool:
         if reads and isinstance(value, ast.Name) and value.id in params:
             return True
     return False
+
+
+def _is_abstract(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return all(isinstance(s, (ast.Pass, ast.Raise)) for s in body)
+
+
+_READS_BACK = frozenset({"cpu", "numpy", "item", "tolist", "to", "cuda"})
+
+
+def _computes_on_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str],
+                           returned: list[ast.expr], module_method: bool) -> bool:
+    """A tensor helper (`def normalise(h): lo = h.min(1)[0]; return (h - lo) / (h.max(1)[0] - lo)`, a helper
+    calling `torch.softmax(logits)`, a network's method calling its layers `self.head(h)`): it calls torch,
+    methods of its parameters or (a module's method) its own layers and methods, returns a computed value, and
+    never reads a value back to the host, moves one, or calls NumPy."""
+    uses_torch = False
+    for statement in node.body:
+        for found in pyast.walk(statement):
+            if not isinstance(found, ast.Call):
+                continue
+            dotted = _dotted(found.func) or ""
+            if isinstance(found.func, ast.Attribute) and found.func.attr in _READS_BACK \
+                    or dotted.startswith(("np.", "numpy.")):
+                return False
+            uses_torch |= dotted.startswith(("torch.", "F.")) or dotted.split(".", 1)[0] in params and "." in dotted \
+                or module_method and dotted.startswith("self.") and dotted.count(".") == 1
+    values = [e for v in returned for e in (v.elts if isinstance(v, ast.Tuple) else [v])]
+    return uses_torch and all(isinstance(v, (ast.Call, ast.BinOp, ast.Name, ast.Subscript)) for v in values)
 
 
 def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
@@ -1338,8 +1374,9 @@ class CallGraph:
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
-        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, and one whose parameter
-        receives part of a loader's batch `<function key>#batch-parameter:<parameter>`."""
+        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a tensor
+        helper (its result lives where its arguments do) `<function key>#same-device:<name>`, and one whose
+        parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1380,6 +1417,9 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
+                    if any(callee.tensor_helper for callee in callees) and all(
+                            callee.tensor_helper or callee.abstract for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:

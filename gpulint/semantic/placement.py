@@ -457,6 +457,12 @@ class Placement:
             return self.of(node.args[0].value, depth + 1, before)
         if qual.startswith("torch."):
             return self._torch_call(node, qual, depth, before)
+        if self._calls_tensor_helper(node):
+            if isinstance(node.func, cst.Attribute) and self.ev.is_module(node.func.value):
+                return self._module_call(node, depth, before)  # `self.prediction(h)`: the network's own method
+            kinds = [kind for arg in node.args if not arg.star
+                     and (kind := self.of(arg.value, depth + 1, before)) not in (None, NONTENSOR)]
+            return DEVICE if DEVICE in kinds else combine_operands(kinds) if kinds else None
         if name == "forward" and isinstance(node.func, cst.Attribute) and self.ev.is_module(node.func.value):
             return self._module_call(node, depth, before)  # `self.forward(x)`: the module called directly
         if name is not None and isinstance(node.func, cst.Attribute):
@@ -474,6 +480,15 @@ class Placement:
                     node.args[0].value) is not False:
                 return TENSOR
         return None
+
+    def _calls_tensor_helper(self, node: cst.Call) -> bool:
+        """A program function that computes its result from its arguments with tensor ops (`#same-device:`
+        marker of the call graph): `value = logits_to_expected_value(value, n)` keeps `value` where it was."""
+        called = last_name(node.func)
+        if not called or not self.a.program_keys:
+            return False
+        key = self.a.key_of(self.ctx.enclosing(cst.FunctionDef))
+        return f"{key}#same-device:{called}" in self.a.program_keys
 
     def _torch_call(self, node: cst.Call, qual: str, depth: int, before: int | None) -> str | None:
         last = qual.rsplit(".", 1)[-1]
