@@ -5,7 +5,7 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
+from gpulint.analysis import Binding, BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
 from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.program import current_text
 from gpulint.rule import is_test_path
@@ -253,6 +253,40 @@ class HostDataToDevicePerStep(Rule):
                 net(x).sum().backward()
                 optimizer.step()
             """
+        ),
+        Invalid(  # a loader's collate function (run per batch) given the device by `partial`, its default the CPU
+            """
+            from functools import partial
+            import torch
+            def collate(batch, pad=0, device="cpu"):
+                inputs, lengths = [], []
+                for item in batch:
+                    inputs.append(torch.tensor(item + [pad]))
+                    lengths.append(len(item))
+                return torch.stack(inputs).to(device), lengths
+            def train(model, opt, data, device):
+                loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=partial(collate, device=device))
+                for x, n in loader:
+                    model(x).mean().backward()
+                    opt.step()
+            train(torch.nn.Linear(8, 8).cuda(), opt, data, "cuda")
+            """,
+            fixed="""
+            from functools import partial
+            import torch
+            def collate(batch, pad=0, device="cpu"):
+                inputs, lengths = [], []
+                for item in batch:
+                    inputs.append(torch.tensor(item + [pad]))
+                    lengths.append(len(item))
+                return (torch.stack(inputs).pin_memory() if torch.cuda.is_available() else torch.stack(inputs)).to(device, non_blocking=True), lengths
+            def train(model, opt, data, device):
+                loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=partial(collate, device=device))
+                for x, n in loader:
+                    model(x).mean().backward()
+                    opt.step()
+            train(torch.nn.Linear(8, 8).cuda(), opt, data, "cuda")
+            """,
         ),
         Invalid(  # a support vector built from a Python list, broadcast on the host, then moved in every forward
             """
@@ -534,10 +568,24 @@ class HostDataToDevicePerStep(Rule):
             pieces = [element.value for element in sequence.elements]
             if not all(isinstance(piece, cst.Call) and self._host_constructor(piece) for piece in pieces):
                 return False  # named tensors: where they live is the caller's business
+        elif isinstance(sequence, cst.Name):  # `rows = []`, `rows.append(torch.tensor(r))` in a loop
+            placement = Placement(self.ctx)
+            kinds = [placement.of(piece) for piece in self._appended(sequence.value)]
+            return HOST in kinds and DEVICE not in kinds
         else:
             return False
         placement = Placement(self.ctx)
         return all(placement.of(piece) is not DEVICE for piece in pieces)
+
+    def _appended(self, name: str) -> list[cst.BaseExpression]:
+        """What the enclosing function appends to `name`, a list it starts empty (none when it is bound otherwise)."""
+        bindings = self.ctx.analysis.reaching_bindings(name, self.ctx.ancestors)
+        if not bindings or not all(_starts_empty(b) for b in bindings):
+            return []
+        scope = self.ctx.enclosing(cst.FunctionDef) or self.ctx.analysis.module
+        return [call.args[0].value for call in walk(scope) if isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute) and call.func.attr.value == "append"
+                and isinstance(call.func.value, cst.Name) and call.func.value.value == name and len(call.args) == 1]
 
     def _moves_to_device(self, node: cst.Call, name: str) -> bool:
         if name == "cuda":
@@ -590,3 +638,14 @@ def _broadcast_before_move(move: cst.Call) -> bool:
             return True
         node = node.func.value
     return False
+
+
+def _starts_empty(binding: Binding) -> bool:
+    """`rows = []`, or `inputs, targets = [], []`."""
+    value = binding.value
+    if binding.kind is BindingKind.UNPACK and isinstance(value, cst.Tuple) and len(binding.path) == 1 \
+            and binding.path[0] < len(value.elements):
+        value = value.elements[binding.path[0]].value
+    elif binding.kind is not BindingKind.ASSIGN:
+        return False
+    return isinstance(value, cst.List) and not value.elements

@@ -114,8 +114,10 @@ class FunctionSummary:
     moves_to_device: bool = False  # calls `.to(...)` or `.cuda()` (a collate function that does delivers device batches)
     # computes its result with tensor ops from its parameters, never reading back or moving (`def normalise(h):
     # return (h - h.min()) / h.max()`): the result lives where the arguments do
-    tensor_helper: bool = False
+    tensor_helper: bool = False  # (provided the functions it calls by plain name are tensor helpers too)
+    plain_calls: set[str] = field(default_factory=set)  # names it calls as plain functions (`signed_parabolic(x)`)
     abstract: bool = False  # only raises NotImplementedError (or passes): the subclasses' overrides do the work
+    cpu_defaults: tuple[tuple[int, str], ...] = ()  # (position, name) of parameters defaulting to the CPU
 
 
 @dataclass
@@ -134,6 +136,8 @@ class FileSummary:
     nested_loops: set[int] = field(default_factory=set)  # ids of loops inside another loop of their function
     collate_functions: set[str] = field(default_factory=set)  # names passed as a DataLoader's `collate_fn`
     device_collate: bool = False  # a DataLoader's `collate_fn` is bound to a device (`partial(collate, device=d)`)
+    # (function name, keyword or position) of the arguments calls pass by keyword or position, `partial`'s included
+    arguments_passed: set[tuple[str, str | int]] = field(default_factory=set)
     # `name = partial(function, ...)`: name -> (function, whether a `device=` is bound)
     partials: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
 
@@ -424,6 +428,7 @@ class _Summariser:
                 self.file.compiled.add(call.args[0].id)
             if vocab.last_part(dotted) == "DataLoader":
                 self._record_collate(call)
+            self._record_arguments(dotted, call)
             target = _call_target(dotted)
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
@@ -459,10 +464,25 @@ class _Summariser:
                 summary.downloads = _downloads_parameter(data_params, returns)
                 summary.tensor_helper = _computes_on_arguments(
                     node, data_params, returns, class_name is not None and self._is_module(class_name))
+                if summary.tensor_helper:
+                    summary.plain_calls = {n.func.id for statement in node.body for n in pyast.walk(statement)
+                                           if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         summary.moves_to_device = _moves_to_device(node.body)
         summary.abstract = _is_abstract(node)
+        summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
+
+    def _record_arguments(self, dotted: str, call: ast.Call) -> None:
+        """Which arguments a call passes, for the parameters whose CPU default a caller may override (`partial(f,
+        device=d)` passes `device` to `f`)."""
+        function, arguments = vocab.last_part(dotted), call.args
+        if function == "partial" and call.args:
+            function, arguments = vocab.last_part(_dotted(call.args[0]) or ""), call.args[1:]
+        if not function:
+            return
+        self.file.arguments_passed.update((function, k.arg) for k in call.keywords if k.arg)
+        self.file.arguments_passed.update((function, i) for i in range(len(arguments)))
 
     def _record_partial(self, node: ast.Assign | ast.AnnAssign) -> None:
         call = node.value
@@ -579,11 +599,30 @@ def _downloads_parameter(params: set[str], returned: list[ast.expr]) -> bool:
     return False
 
 
+def _cpu_defaults(arguments: ast.arguments) -> tuple[tuple[int, str], ...]:
+    """`def collate(batch, device="cpu")`: (position, name) of parameters whose default is the CPU."""
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = [*([None] * (len(positional) - len(arguments.defaults))), *arguments.defaults]
+    pairs = [(i, a.arg, d) for i, (a, d) in enumerate(zip(positional, defaults))]
+    pairs += [(-1, a.arg, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
+    return tuple((i, name) for i, name, default in pairs if default is not None and _names_cpu(default))
+
+
+def _names_cpu(value: ast.expr) -> bool:
+    if isinstance(value, ast.Call) and vocab.last_part(_dotted(value.func)) == "device" and value.args:
+        value = value.args[0]
+    return isinstance(value, ast.Constant) and value.value == "cpu"
+
+
 def _is_abstract(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     return all(isinstance(s, (ast.Pass, ast.Raise)) for s in body)
 
 
+_COMPUTED = (ast.Call, ast.BinOp, ast.UnaryOp, ast.Subscript)
+# builtins a tensor helper may call (not `float`, `int`, `bool`: they read a tensor back)
+_PLAIN_BUILTINS = frozenset({"len", "max", "min", "abs", "isinstance", "getattr", "hasattr", "range", "tuple", "list",
+                             "super"})
 _READS_BACK = frozenset({"cpu", "numpy", "item", "tolist", "to", "cuda"})
 
 
@@ -594,8 +633,13 @@ def _computes_on_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef, params:
     methods of its parameters or (a module's method) its own layers and methods, returns a computed value, and
     never reads a value back to the host, moves one, or calls NumPy."""
     uses_torch = False
+    computed = set(params)  # names bound to a computed value (a call, arithmetic, an element)
     for statement in node.body:
         for found in pyast.walk(statement):
+            if isinstance(found, (ast.For, ast.While, ast.AsyncFor)):
+                return False  # straight-line tensor code, not a loop that trains or collects
+            if isinstance(found, ast.Assign) and isinstance(found.value, _COMPUTED):
+                computed.update(n.id for target in found.targets for n in pyast.walk(target) if isinstance(n, ast.Name))
             if not isinstance(found, ast.Call):
                 continue
             dotted = _dotted(found.func) or ""
@@ -605,7 +649,8 @@ def _computes_on_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef, params:
             uses_torch |= dotted.startswith(("torch.", "F.")) or dotted.split(".", 1)[0] in params and "." in dotted \
                 or module_method and dotted.startswith("self.") and dotted.count(".") == 1
     values = [e for v in returned for e in (v.elts if isinstance(v, ast.Tuple) else [v])]
-    return uses_torch and all(isinstance(v, (ast.Call, ast.BinOp, ast.Name, ast.Subscript)) for v in values)
+    return uses_torch and all(isinstance(v, _COMPUTED) or isinstance(v, ast.Name) and v.id in computed
+                              for v in values)
 
 
 def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
@@ -1005,7 +1050,9 @@ class CallGraph:
         self._rare = self._rarely_called() - repeated_steps - handed_on
         self._rare_rollout: set[tuple[str, str]] = set()
         self._heavy = self._runs_loops_of_its_own()
-        frontier: list[tuple[str, str, Frequency, int]] = []
+        # a loader's `collate_fn` runs once per batch
+        frontier: list[tuple[str, str, Frequency, int]] = [(*collate, Frequency.PER_STEP, 0)
+                                                            for collate in self._collate_functions()]
         for path, summary in self.files.items():
             for key, fn in summary.functions.items():
                 if fn.seed > Frequency.ONCE:
@@ -1228,6 +1275,32 @@ class CallGraph:
             found |= grown
         return found
 
+    def _tensor_helpers(self) -> set[tuple[str, str]]:
+        """The tensor helpers whose plain-name calls are all tensor helpers too, or `len`/`max`-like builtins
+        (`evaluate_model` calling a looping `calc_loss_loader` is not one), to a fixed point."""
+        helpers = {(path, key) for path, summary in self.files.items()
+                   for key, fn in summary.functions.items() if fn.tensor_helper}
+        while True:
+            dropped = {(path, key) for path, key in helpers if not all(
+                name in _PLAIN_BUILTINS or (resolved := self.resolve(path, self.files[path].functions[key],
+                                                                     ("name", name)))
+                and all(callee in helpers for callee in resolved)
+                for name in self.files[path].functions[key].plain_calls)}
+            if not dropped:
+                return helpers
+            helpers -= dropped
+
+    def _collate_functions(self) -> set[tuple[str, str]]:
+        """The program functions given to a DataLoader as `collate_fn` (directly or through `partial`)."""
+        found = set()
+        for path, summary in self.files.items():
+            module = summary.functions["<module>"]
+            for name in summary.collate_functions:
+                function = summary.partials.get(name, (name, False))[0]
+                if function:
+                    found.update(self.resolve(path, module, ("name", function)))
+        return found
+
     def _fed_device_batches(self) -> set[str]:
         """Files whose loaders may deliver batches on a device: those building a DataLoader whose `collate_fn`
         moves its batch (`partial(collate, device=d)`, a collate function calling `.to(...)`), and the files they
@@ -1375,8 +1448,9 @@ class CallGraph:
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
         a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a tensor
-        helper (its result lives where its arguments do) `<function key>#same-device:<name>`, and one whose
-        parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`."""
+        helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
+        parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, and one whose
+        parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1407,18 +1481,27 @@ class CallGraph:
             found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
         for path, key, parameter in self._batch_parameters():
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
+        passed = {pair for summary in self.files.values() for pair in summary.arguments_passed}
+        for path, summary in self.files.items():  # `def collate(batch, device="cpu")` given a device by its callers
+            for fn in summary.functions.values():
+                bound = 1 if fn.class_name is not None and fn.params[:1] in (("self",), ("cls",)) else 0
+                for position, parameter in fn.cpu_defaults:
+                    if (fn.name, parameter) in passed or position >= bound and (fn.name, position - bound) in passed:
+                        found.setdefault(path, {})[f"{fn.key}#device-passed:{parameter}"] = Frequency.ONCE
+        tensor_helpers = self._tensor_helpers()
         for path, summary in self.files.items():  # `tensor(batch.state)`, `to_np(q)`: uploading / reading helpers
             for fn in summary.functions.values():
                 for site in fn.sites:
-                    callees = [self.files[p].functions[k] for p, k in self.resolve(path, fn, site.target)]
+                    resolved = self.resolve(path, fn, site.target)
+                    callees = [self.files[p].functions[k] for p, k in resolved]
                     if any(callee.uploads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
                     if any(callee.downloads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
-                    if any(callee.tensor_helper for callee in callees) and all(
-                            callee.tensor_helper or callee.abstract for callee in callees):
+                    helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
+                    if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE

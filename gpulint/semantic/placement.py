@@ -337,7 +337,8 @@ class Placement:
                 return TENSOR  # `half = torch.bfloat16`
             # every assignment in scope, not only the textually last one: `if ...: d = accel else: d = cpu`
             # a parameter defaulting to the CPU (`device=torch.device("cpu")`) counts as the CPU
-            found = {self.ev.device_of(b.value) if b.kind in (BindingKind.ASSIGN, BindingKind.PARAM) else None
+            found = {self.ev.device_of(b.value) if b.kind is BindingKind.ASSIGN or b.kind is BindingKind.PARAM
+                     and not self._passed_by_callers(node.value) else None
                      for b in self.a.bindings_of(node.value, self.ctx.ancestors)}
             if found == {Device.CPU}:
                 return HOST
@@ -480,6 +481,12 @@ class Placement:
                     node.args[0].value) is not False:
                 return TENSOR
         return None
+
+    def _passed_by_callers(self, parameter: str) -> bool:
+        """A parameter defaulting to the CPU that the program's calls pass (`partial(collate, device=device)`): its
+        default says nothing of where the tensors go (`#device-passed:` marker of the call graph)."""
+        key = self.a.key_of(self.ctx.enclosing(cst.FunctionDef))
+        return f"{key}#device-passed:{parameter}" in self.a.program_keys
 
     def _calls_tensor_helper(self, node: cst.Call) -> bool:
         """A program function that computes its result from its arguments with tensor ops (`#same-device:`

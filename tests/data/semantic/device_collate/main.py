@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 from trainer import fit
 
 
-def collate(items, device):  # batch-params: none
+def collate(items, device):  # batch-params: none, frequency: per-step
     return torch.stack(items).to(device)
 
 
