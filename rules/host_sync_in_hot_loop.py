@@ -442,6 +442,26 @@ class HostSyncInHotLoop(Rule):
             """,
             count=2,
         ),
+        Invalid(  # a network held by an attribute, proven one by its optimizer; its Q-values logged every step
+            """
+            import torch
+            class Agent:
+                def __init__(self, env):
+                    self.device = "cuda:0"
+                    self.q_network = self.create_network()
+                    self.optimizer = torch.optim.Adam(self.q_network.parameters())
+                    self.env = env
+                def act(self, obs):
+                    with torch.no_grad():
+                        q_values = self.q_network(torch.from_numpy(obs).to(self.device))
+                    self.logger.info("Q values {}".format(q_values))
+                    return self.explore(q_values)
+                def run(self):
+                    while not self.done:
+                        self.obs, self.reward, self.done, _ = self.env.step(self.act(self.obs))
+            """,
+            count=1,
+        ),
         Invalid(  # a formatted tensor on another line of a statement that already reads: still one finding
             """
             import torch

@@ -580,6 +580,8 @@ class Placement:
             if kind is None and inner is None and (name in _NUMPY_SHARED or name in _MODULE_SHARED):
                 return None
             return kind or TENSOR
+        if self.ev.is_module(node.func):  # `self.q_net(state)`: a network held by an attribute
+            return self._module_call(node, depth, before)
         return None
 
     def _distribution(self, node: cst.BaseExpression, before: int | None) -> cst.Call | None:
