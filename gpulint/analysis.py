@@ -82,6 +82,20 @@ def has_star_args(call: cst.Call) -> bool:
     return any(arg.star for arg in call.args)
 
 
+# methods that return the module they are called on (moved, cast or switched to train/eval mode)
+WRAPPER_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+                             "requires_grad_", "share_memory"})
+
+
+def rebinds_itself(name: str, value: cst.BaseExpression | None) -> bool:
+    """`net = net.to(device)`, `model = model.cuda().eval()`: a binding that moves or switches what the name held."""
+    found = False
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in WRAPPER_METHODS:
+        value, found = value.func.value, True
+    return found and isinstance(value, cst.Name) and value.value == name
+
+
 def method_name(call: cst.Call) -> str | None:
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
@@ -1441,7 +1455,8 @@ class Evidence:
     def _name_is_module(self, name: str, depth: int) -> Confidence | None:
         found = []
         for binding in self.a.bindings_of(name, self.ancestors):
-            if binding.kind is BindingKind.ASSIGN and binding.value is not None:
+            if binding.kind is BindingKind.ASSIGN and binding.value is not None \
+                    and not rebinds_itself(name, binding.value):  # `D = D.to(device)` keeps what `D` was
                 answer = self.is_module(binding.value, depth + 1)
                 if answer is None:
                     return None  # one assignment that is not a module settles it

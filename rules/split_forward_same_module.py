@@ -513,6 +513,26 @@ class SplitForwardSameModule(Rule):
                 return small, large
             """
         ),
+        Invalid(  # a GAN's discriminator step: real, then generated images; `D = D.to(...)` keeps `D` a network
+            """
+            import torch
+            import torch.nn as nn
+            D = nn.Sequential(nn.Linear(784, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1), nn.Sigmoid())
+            D = D.to("cuda")
+            G = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 784), nn.Tanh()).to("cuda")
+            d_optimizer = torch.optim.Adam(D.parameters(), lr=0.0002)
+            for images, _ in data_loader:
+                images = images.reshape(100, -1).to("cuda")
+                outputs = D(images)  # error: GPU070
+                d_loss_real = criterion(outputs, real_labels)
+                fake_images = G(torch.randn(100, 64, device="cuda"))
+                outputs = D(fake_images)
+                d_loss_fake = criterion(outputs, fake_labels)
+                d_optimizer.zero_grad()
+                (d_loss_real + d_loss_fake).backward()
+                d_optimizer.step()
+            """
+        ),
         Invalid(  # SAC: the critic on the replay actions, then on fresh policy actions inside `torch.min` (no fix)
             """
             import torch

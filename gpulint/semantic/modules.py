@@ -10,6 +10,8 @@ import libcst as cst
 
 from gpulint import Confidence
 from gpulint.analysis import (
+    WRAPPER_METHODS,
+    rebinds_itself,
     BindingKind,
     FileAnalysis,
     call_arg,
@@ -21,9 +23,8 @@ from gpulint.analysis import (
     walk,
 )
 
-WRAPPER_METHODS = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_",
-                    "share_memory"}
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
+
 _BATCH_NORM = re.compile(r"^(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd)$")
 _DROPOUT = re.compile(r"^(Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _SHAPED = re.compile(r"^(Conv(Transpose)?\dd|LazyConv(Transpose)?\dd|Embedding|EmbeddingBag)$")
@@ -113,7 +114,9 @@ class ModuleResolver:
                 return replace(facts, outputs=returns_arity(method))
             return None
         if isinstance(callee, cst.Name):
-            bindings = self.a.bindings_of(callee.value, ancestors)
+            # `D = D.to(device)` keeps what `D` was: only the other bindings say what it is
+            bindings = [b for b in self.a.bindings_of(callee.value, ancestors)
+                        if not rebinds_itself(callee.value, b.value)]
             values = [b.value for b in bindings if b.kind is BindingKind.ASSIGN]
             if values and len(values) == len(bindings):
                 return self._of_values(values, None)
