@@ -77,6 +77,8 @@ class CallSite:
     loops: tuple[int, ...]  # ids of the loops around it in its function, outermost first
     passed: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, name) of plain-name arguments
     built: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, class) of `Class(...)` arguments
+    # (keyword or position, dotted name) of attribute arguments: a bound method handed on (`MCTS(net.policy_fn)`)
+    references: tuple[tuple[str | int, str], ...] = ()
 
     @property
     def loop(self) -> int:
@@ -434,7 +436,9 @@ class _Summariser:
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
             arguments = [*enumerate(call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
             built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
-            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built))
+            references = tuple((slot, dotted) for slot, value in arguments
+                               if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
+            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
@@ -923,6 +927,8 @@ class CallGraph:
             # the class's own definition (or an inherited one) and, as the object may be a subclass, its overrides:
             # `BaseActor.step` calling `self._transition()` runs `DQNActor._transition` for a DQN actor
             found = self._method(path, fn.class_name, target[1])
+            if not found:  # `self._policy(state)` after `self._policy = policy_fn` in `__init__(self, policy_fn)`
+                found = self._held_function(path, fn.class_name, target[1])
             return found + [o for o in self._overrides(fn.class_name, target[1]) if o not in found]
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
@@ -971,6 +977,14 @@ class CallGraph:
                 return [candidate, *(o for o in overrides if o != candidate)]
         return []
 
+    def _held_function(self, path: str, class_name: str, attribute: str) -> list[tuple[str, str]]:
+        """The functions callers hand the class's constructor for the parameter it keeps in `self.<attribute>`."""
+        init = self.files[path].functions.get(f"{class_name}.__init__")
+        if init is None:
+            return []
+        return [found for source in init.copies.get(f"self.{attribute}", ()) if source in init.params
+                for found in self._passed_in.get((path, init.key, source), [])]
+
     def _attribute_method(self, path: str, receiver: str, method: str) -> list[tuple[str, str]]:
         """`trainer.policy_net.get_action(s)` with `trainer = Trainer(...)` and `self.policy_net = Policy(...)` in
         the file that defines `Trainer`: the method of what the owner's attribute holds."""
@@ -989,8 +1003,17 @@ class CallGraph:
         """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
         `mcts.search(root, eval_fn=evaluate)` makes `eval_fn(obs)` inside `search` a call of `evaluate`."""
         def functions(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
-            return [(slot, found) for slot, name in site.passed for found in self._resolve(path, fn, ("name", name))]
-        return self._bound_parameters(functions)
+            named = [(slot, found) for slot, name in site.passed for found in self._resolve(path, fn, ("name", name))]
+            return named + [(slot, found) for slot, dotted in site.references
+                            for found in self._resolve(path, fn, _call_target(dotted))]
+        found: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+        for _ in range(MAX_DEPTH):  # `MCTSPlayer(fn)` hands `fn` on to `MCTS(fn)`: each pass follows one more hop
+            self._passed_in, previous = found, found
+            self._resolved.clear()
+            found = self._bound_parameters(functions)
+            if found == previous:
+                break
+        return found
 
     def _objects_passed_in(self) -> dict[tuple[str, str, str], list[str]]:
         """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
