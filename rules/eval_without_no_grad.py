@@ -10,6 +10,7 @@ from gpulint.rule import is_test_path
 from gpulint.semantic.dataflow import flow_from, names_in
 from gpulint.semantic.loaders import LoaderFlow, iterated_expressions
 from gpulint.semantic.modules import code_of
+from gpulint.semantic.placement import last_name
 from gpulint.semantic.vocab import is_env_step
 
 _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|test|predict|inference|infer|"
@@ -300,6 +301,55 @@ class EvalWithoutNoGrad(Rule):
         ),
     ]
     examples = [*examples,
+        Invalid(  # the network's output is returned to a caller that only reads it back: reported where it runs
+            """
+            import torch
+            import torch.nn as nn
+            class Actor(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = nn.Linear(8, 2)
+                def forward(self, s):
+                    return self.body(s)
+                def get_action(self, state):
+                    mean = self.forward(torch.FloatTensor(state).unsqueeze(0).cuda())
+                    return mean.squeeze(0)
+            class Agent:
+                def __init__(self):
+                    self.actor = Actor().cuda()
+                def choose_action(self, s):
+                    a = self.actor.get_action(s)
+                    return a.detach().cpu().numpy()
+            def rollout(env, agent):
+                s, done = env.reset(), False
+                while not done:
+                    s, r, done, _ = env.step(agent.choose_action(s))
+            """,
+            fixed="""
+            import torch
+            import torch.nn as nn
+            class Actor(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = nn.Linear(8, 2)
+                def forward(self, s):
+                    return self.body(s)
+                @torch.no_grad()
+                def get_action(self, state):
+                    mean = self.forward(torch.FloatTensor(state).unsqueeze(0).cuda())
+                    return mean.squeeze(0)
+            class Agent:
+                def __init__(self):
+                    self.actor = Actor().cuda()
+                def choose_action(self, s):
+                    a = self.actor.get_action(s)
+                    return a.detach().cpu().numpy()
+            def rollout(env, agent):
+                s, done = env.reset(), False
+                while not done:
+                    s, r, done, _ = env.step(agent.choose_action(s))
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -607,10 +657,11 @@ class EvalWithoutNoGrad(Rule):
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
             return
         flow = LoaderFlow.of(self.ctx.analysis)
-        calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
-                 and not _under_grad_mode(self.ctx, flow, c, node)]
-        body = self.ctx.code(node.body)
         key = self.ctx.analysis.key_of(node)
+        calls = [c for c in self._model_calls(node.body) if not self._frozen_model(c)
+                 and not _under_grad_mode(self.ctx, flow, c, node)
+                 and f"{key}#evaluates-read-back:{last_name(c.func)}" not in self.ctx.analysis.program_keys]
+        body = self.ctx.code(node.body)
         readers = self._host_readers(key)  # `to_np(q)`: a program helper reading its argument back to the host
         keeps_log_prob = bool(re.search(r"\blog_prob", body)) and _keeps_log_prob_graph(flow, node, readers)
         if calls and _NEEDS_GRAD.search(body) and not keeps_log_prob:
@@ -622,11 +673,13 @@ class EvalWithoutNoGrad(Rule):
             calls = [c for c in calls if _read_back(node, c, readers)]
             if not calls:
                 return
-        elif not _DATA_USE.search(body) and not _outputs_consumed_here(node, calls):
+        elif not _DATA_USE.search(body) and not _outputs_consumed_here(node, calls) \
+                and f"{key}#returns-read-back" not in self.ctx.analysis.program_keys:
             return  # outputs may leave the function with their graph (returned, stored) and be trained on
         if self._called_under_no_grad(node.name.value):
             return
-        returns_graph = _returns_graph(node, calls) and not readers
+        returns_graph = _returns_graph(node, calls) and not readers \
+            and f"{key}#returns-read-back" not in self.ctx.analysis.program_keys  # every caller reads it back
         if returns_graph and f"{key}#returns-trained" in self.ctx.analysis.program_keys:
             return  # `loss = self.compute_loss(...)` then backpropagated by its caller: training, not acting
         self._reported_functions.add(id(node))

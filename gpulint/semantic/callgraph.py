@@ -79,6 +79,7 @@ class CallSite:
     built: tuple[tuple[str | int, str], ...] = ()  # (keyword or position, class) of `Class(...)` arguments
     # (keyword or position, dotted name) of attribute arguments: a bound method handed on (`MCTS(net.policy_fn)`)
     references: tuple[tuple[str | int, str], ...] = ()
+    read_back: bool = False  # its result is only read back to the host (`f(s).detach().cpu().numpy()`)
 
     @property
     def loop(self) -> int:
@@ -229,6 +230,36 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
     return [("value", name)] if name else []
 
 
+_READ_BACK_ATTRIBUTES = frozenset({"detach", "cpu", "numpy", "item", "tolist", "data"})
+
+
+def _calls_read_back(tree: ast.Module) -> set[int]:
+    """ids of the calls whose result is only read back to the host: `f(s).detach().cpu().numpy()`, or
+    `a = f(s)` where every later use of `a` in the function is `a.cpu()`, `a.item()`, ..."""
+    found: set[int] = set()
+    scopes = [tree, *(n for n in pyast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for scope in scopes:
+        assigned: dict[str, list[ast.Call]] = {}
+        uses: dict[str, int] = {}
+        read: dict[str, int] = {}
+        for node in pyast.walk(scope):
+            if isinstance(node, ast.Attribute) and node.attr in _READ_BACK_ATTRIBUTES:
+                if isinstance(node.value, ast.Call) and not (isinstance(node.value.func, ast.Attribute)
+                                                             and node.value.func.attr in _READ_BACK_ATTRIBUTES):
+                    found.add(id(node.value))
+                elif isinstance(node.value, ast.Name):
+                    read[node.value.id] = read.get(node.value.id, 0) + 1
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and isinstance(node.value, ast.Call):
+                assigned.setdefault(node.targets[0].id, []).append(node.value)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                uses[node.id] = uses.get(node.id, 0) + 1
+        for name, calls in assigned.items():
+            if uses.get(name, 0) and read.get(name, 0) == uses[name]:
+                found.update(id(call) for call in calls)
+    return found
+
+
 def _moves_to_device(body: list) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
                for statement in body for n in pyast.walk(statement))
@@ -317,6 +348,7 @@ class _Summariser:
         self.file = FileSummary(path)
         self.constants = _integer_constants(tree)
         self.module_classes = module_classes
+        self._read_back = _calls_read_back(tree)
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
 
@@ -438,7 +470,8 @@ class _Summariser:
             built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
             references = tuple((slot, dotted) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
-            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references))
+            fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
+                                     id(call) in self._read_back))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
@@ -1298,6 +1331,17 @@ class CallGraph:
             found |= grown
         return found
 
+    def _results_read_back(self) -> set[tuple[str, str]]:
+        """Functions every caller of which only reads the result back to the host (`a = self.actor.get_action(s);
+        return a.detach().cpu().numpy()`): what they return never feeds a backward."""
+        verdicts: dict[tuple[str, str], bool] = {}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    for callee in self.resolve(path, fn, site.target):
+                        verdicts[callee] = verdicts.get(callee, True) and site.read_back
+        return {callee for callee, read_back in verdicts.items() if read_back}
+
     def _tensor_helpers(self) -> set[tuple[str, str]]:
         """The tensor helpers whose plain-name calls are all tensor helpers too, or `len`/`max`-like builtins
         (`evaluate_model` calling a looping `calc_loss_loader` is not one), to a fixed point."""
@@ -1472,8 +1516,10 @@ class CallGraph:
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
         a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a tensor
         helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
-        parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, and one whose
-        parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`."""
+        parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
+        parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`,
+        one whose result every caller only reads back to the host `<function key>#returns-read-back` (and, in its
+        callers, `<caller key>#evaluates-read-back:<name>`: the callee is judged where it runs the network)."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
             found.setdefault(path, {})[key] = frequency
@@ -1502,6 +1548,15 @@ class CallGraph:
                 found.setdefault(path, {})["<module>#trains"] = Frequency.PER_STEP
         for path, markers in self._loader_markers().items():
             found.setdefault(path, {}).update(dict.fromkeys(markers, Frequency.PER_STEP))
+        read_back = self._results_read_back()
+        for path, key in read_back:
+            found.setdefault(path, {})[f"{key}#returns-read-back"] = Frequency.ONCE
+        for path, summary in self.files.items():  # the callers of such functions, by the name they call
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    callees = self.resolve(path, fn, site.target)
+                    if callees and all(callee in read_back for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#evaluates-read-back:{site.target[-1]}"] = Frequency.ONCE
         for path, key, parameter in self._batch_parameters():
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
         passed = {pair for summary in self.files.values() for pair in summary.arguments_passed}
