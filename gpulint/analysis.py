@@ -96,6 +96,20 @@ def rebinds_itself(name: str, value: cst.BaseExpression | None) -> bool:
     return found and isinstance(value, cst.Name) and value.value == name
 
 
+_DEVICE_VARIABLE = re.compile(r"_?(device|dev)")
+
+
+def last_part(dotted: str) -> str:
+    return dotted.rsplit(".", 1)[-1]
+
+
+def _is_cpu_device(value: cst.BaseExpression) -> bool:
+    """`"cpu"` or `torch.device("cpu")`."""
+    if isinstance(value, cst.Call) and dotted_name(value.func) in ("torch.device", "device") and value.args:
+        value = value.args[0].value
+    return isinstance(value, cst.SimpleString) and value.value[1:-1] == "cpu"
+
+
 def method_name(call: cst.Call) -> str | None:
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
@@ -353,6 +367,10 @@ class FileAnalysis:
         self.compiled_names: set[str] = set()  # functions passed to torch.compile(...)
         self.cuda_evidence = False  # a definite CUDA mention
         self.maybe_cuda_evidence = False  # torch.cuda.is_available() & co.
+        # tensors sent to a device its caller or configuration chooses (`.to(device)`, `device=self.device`), in a
+        # file that never binds such a name to the CPU: device-agnostic code, written to run on a GPU
+        self.device_variable_use = False
+        self.cpu_device_binding = False  # `device = "cpu"`, `def f(x, device="cpu")`, `self.device = torch.device("cpu")`
         self.main_guard: cst.If | None = None
         self.function_key: dict[int, str] = {}  # id(FunctionDef) -> "Class.method" / "outer.inner" (call graph key)
         # id(FunctionDef) -> how often its callers run it (program call graph; absent: once or unknown)
@@ -676,6 +694,9 @@ class _PrePass(cst.CSTVisitor):
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             scope.add(param.name.value, Binding(BindingKind.PARAM, param.default, 0))
+            if param.default is not None and _is_cpu_device(param.default) \
+                    and _DEVICE_VARIABLE.fullmatch(param.name.value):
+                self.a.cpu_device_binding = True
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
                 scope.add(star.name.value, Binding(BindingKind.PARAM, None, 0))
@@ -701,6 +722,9 @@ class _PrePass(cst.CSTVisitor):
     def _bind_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None, kind: BindingKind,
                      path: tuple[int, ...] = ()) -> None:
         order = self.current_order()
+        if value is not None and _is_cpu_device(value) and _DEVICE_VARIABLE.fullmatch(
+                last_part(dotted_name(target) or "")):
+            self.a.cpu_device_binding = True
         if isinstance(target, cst.Name):
             self.scope.add(target.value, Binding(kind, value, order, path))
         elif isinstance(target, (cst.Tuple, cst.List)):
@@ -783,6 +807,11 @@ class _PrePass(cst.CSTVisitor):
         if qual is not None and qual.startswith(_CUDA_AMP_PREFIX):
             # the deprecated CUDA AMP API targets CUDA as plainly as its `torch.amp.*("cuda")` replacement
             self.a.cuda_evidence = True
+        if not self.a.device_variable_use:
+            target = call_arg(node, "device", 0 if name == "to" else None) if name == "to" or qual and \
+                qual.startswith("torch.") else None
+            if target is not None and _DEVICE_VARIABLE.fullmatch(last_part(dotted_name(target.value) or "")):
+                self.a.device_variable_use = True
         if qual in ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.current_device",
                     "torch.cuda.set_device") and not self._pins_if_available(node):
             self.a.maybe_cuda_evidence = True
@@ -997,6 +1026,8 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     analysis = FileAnalysis(module)
     prepass = _PrePass(analysis)
     traverse(module, prepass.on_visit, prepass.on_leave)
+    if analysis.device_variable_use and not analysis.cpu_device_binding and not analysis.cuda_evidence:
+        analysis.maybe_cuda_evidence = True
     _mark_modules(analysis, known_module_classes or set())
     _mark_hot(analysis, prepass.regions, calls)
     if calls is not None:

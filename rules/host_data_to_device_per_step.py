@@ -254,6 +254,36 @@ class HostDataToDevicePerStep(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # device-agnostic code: the device is its caller's choice, never bound to the CPU here
+            """
+            import torch
+            class Collector:
+                def __init__(self, env, model, device):
+                    self.env, self.model, self.device = env, model, device
+                def collect(self, steps):
+                    obs = self.env.reset()
+                    for _ in range(steps):
+                        obs_t = torch.tensor(obs, device=self.device)  # error: GPU013
+                        with torch.no_grad():
+                            action = self.model(obs_t).argmax(-1)
+                        obs, reward, done, _ = self.env.step(action.cpu().numpy())
+            """
+        ),
+        Valid(  # the same, with the CPU as the device's default: nothing says a GPU is meant
+            """
+            import torch
+            class Collector:
+                def __init__(self, env, model, device="cpu"):
+                    self.env, self.model, self.device = env, model, device
+                def collect(self, steps):
+                    obs = self.env.reset()
+                    for _ in range(steps):
+                        obs_t = torch.tensor(obs, device=self.device)
+                        with torch.no_grad():
+                            action = self.model(obs_t).argmax(-1)
+                        obs, reward, done, _ = self.env.step(action.cpu().numpy())
+            """
+        ),
         Invalid(  # a loader's collate function (run per batch) given the device by `partial`, its default the CPU
             """
             from functools import partial

@@ -1555,7 +1555,10 @@ class CallGraph:
             for fn in summary.functions.values():
                 for site in fn.sites:
                     callees = self.resolve(path, fn, site.target)
-                    if callees and all(callee in read_back for callee in callees):
+                    # (only where the callee is judged itself: run per rollout step, not a network's forward)
+                    if callees and all(callee in read_back and not callee[1].endswith((".forward", ".__call__"))
+                                       and self.frequency.get(callee, Frequency.ONCE) >= Frequency.PER_ROLLOUT_STEP
+                                       for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#evaluates-read-back:{site.target[-1]}"] = Frequency.ONCE
         for path, key, parameter in self._batch_parameters():
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
