@@ -1160,6 +1160,11 @@ class Evidence:
             left = self.mask_confidence(node.left, depth + 1)
             right = self.mask_confidence(node.right, depth + 1)
             return max(filter(None, (left, right)), default=None)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            # `(u > 0) * (l == u)`: a product of two boolean tensors is a boolean tensor (a logical and)
+            left = self.mask_confidence(node.left, depth + 1)
+            right = self.mask_confidence(node.right, depth + 1)
+            return min(left, right) if left is not None and right is not None else None
         if isinstance(node, cst.Call):
             if self.a.call_qualname(node) in _MASK_FUNCTIONS:
                 return Confidence.HIGH

@@ -174,6 +174,26 @@ class BoolMaskIndexRead(Rule):
                     return x[x > 0].sum()
             """
         ),
+        Invalid(  # a product of two comparisons is a mask; `l, u = ...` binds tensors (`.floor()`, `.ceil()`)
+            """
+            import torch
+            class Agent:
+                def __init__(self, net):
+                    self.online_net = net.cuda()
+                    self.optimiser = torch.optim.Adam(self.online_net.parameters())
+                def learn(self, returns):
+                    b = (returns.clamp(-10, 10) + 10) / 0.5
+                    l, u = b.floor().to(torch.int64), b.ceil().to(torch.int64)
+                    l[(u > 0) * (l == u)] -= 1
+                    loss = (self.online_net(b) * l.float()).mean()
+                    self.optimiser.zero_grad()
+                    loss.backward()
+                    self.optimiser.step()
+            for t in range(1000):
+                if t % 4 == 0:
+                    agent.learn(returns)
+            """
+        ),
         Invalid(
             """
             import torch.nn.functional as F

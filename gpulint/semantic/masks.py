@@ -244,6 +244,11 @@ def _name_verdict(ctx: RuleContext, node: cst.Name, depth: int, at: int | None) 
             verdicts.add(tensor_verdict(ctx, binding.value, depth + 1, binding.order))
         elif binding.kind is BindingKind.PARAM:
             verdicts.add(_param_verdict(ctx, node.value))
+        elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, (cst.Tuple, cst.List)) \
+                and len(binding.path) == 1 and binding.path[0] < len(binding.value.elements) \
+                and not any(isinstance(e, cst.StarredElement) for e in binding.value.elements):
+            # `l, u = b.floor().long(), b.ceil().long()`: the element bound to this name
+            verdicts.add(tensor_verdict(ctx, binding.value.elements[binding.path[0]].value, depth + 1, binding.order))
         elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, cst.Call) and \
                 ctx.evidence.is_module(binding.value.func) is Confidence.HIGH:
             verdicts.add(True)  # `out, hidden = self.rnn(x)`
