@@ -18,7 +18,7 @@ import ast
 import enum
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Callable, TypeVar
 from pathlib import PurePosixPath
 
@@ -233,33 +233,6 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
 _READ_BACK_ATTRIBUTES = frozenset({"detach", "cpu", "numpy", "item", "tolist", "data"})
 
 
-def _calls_read_back(tree: ast.Module) -> set[int]:
-    """ids of the calls whose result is only read back to the host: `f(s).detach().cpu().numpy()`, or
-    `a = f(s)` where every later use of `a` in the function is `a.cpu()`, `a.item()`, ..."""
-    found: set[int] = set()
-    scopes = [tree, *(n for n in pyast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
-    for scope in scopes:
-        assigned: dict[str, list[ast.Call]] = {}
-        uses: dict[str, int] = {}
-        read: dict[str, int] = {}
-        for node in pyast.walk(scope):
-            if isinstance(node, ast.Attribute) and node.attr in _READ_BACK_ATTRIBUTES:
-                if isinstance(node.value, ast.Call) and not (isinstance(node.value.func, ast.Attribute)
-                                                             and node.value.func.attr in _READ_BACK_ATTRIBUTES):
-                    found.add(id(node.value))
-                elif isinstance(node.value, ast.Name):
-                    read[node.value.id] = read.get(node.value.id, 0) + 1
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                    and isinstance(node.value, ast.Call):
-                assigned.setdefault(node.targets[0].id, []).append(node.value)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                uses[node.id] = uses.get(node.id, 0) + 1
-        for name, calls in assigned.items():
-            if uses.get(name, 0) and read.get(name, 0) == uses[name]:
-                found.update(id(call) for call in calls)
-    return found
-
-
 def _moves_to_device(body: list) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
                for statement in body for n in pyast.walk(statement))
@@ -348,9 +321,15 @@ class _Summariser:
         self.file = FileSummary(path)
         self.constants = _integer_constants(tree)
         self.module_classes = module_classes
-        self._read_back = _calls_read_back(tree)
+        # per function being summarised: names whose value is read back (`a.detach().cpu()`), and the sites bound
+        # to a name (`a = f(s)`), to mark the sites whose result is only ever read back
+        self._read_names: dict[int, set[str]] = {}
+        self._bound_sites: dict[int, list[tuple[str, int]]] = {}
+        self._read_counts: dict[int, dict[str, int]] = {}
+        self._binding: dict[int, str] = {}  # id(call) -> the plain name its statement binds its result to
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
+        self._mark_read_back(tree, self.module_fn)
 
     def _loop_frequency(self, loop: ast.AST, fn: FunctionSummary) -> Frequency:
         calls = [_dotted(c.func) for c in _calls_outside_nested(loop.body, into_loops=False)]  # type: ignore[attr-defined]
@@ -433,6 +412,8 @@ class _Summariser:
             self._record_instance(node)
             self._record_partial(node)
             self._record_result(node, fn, bool(loops))
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self._binding[id(node.value)] = node.targets[0].id
         elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
@@ -451,6 +432,21 @@ class _Summariser:
         for node in comprehensions:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
             fn.loop_reads.extend((id(generator), source) for generator in node.generators
                                  for source in _loop_sources(generator.iter))
+        read_back = set()
+        for call in calls:  # `f(s).detach().cpu().numpy()`: `f(s)` is read back; `a.cpu()`: the name `a` is
+            if isinstance(call.func, ast.Attribute) and call.func.attr in _READ_BACK_ATTRIBUTES:
+                receiver = call.func.value
+                while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+                        and receiver.func.attr in _READ_BACK_ATTRIBUTES:
+                    receiver = receiver.func.value
+                while isinstance(receiver, ast.Attribute) and receiver.attr == "data":
+                    receiver = receiver.value
+                if isinstance(receiver, ast.Call):
+                    read_back.add(id(receiver))
+                elif isinstance(receiver, ast.Name) and receiver is call.func.value:
+                    self._read_names.setdefault(id(fn), set()).add(receiver.id)
+                    counts = self._read_counts.setdefault(id(fn), {})
+                    counts[receiver.id] = counts.get(receiver.id, 0) + 1
         for call in calls:
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 loss = call.args[0] if call.args else call.func.value
@@ -471,7 +467,9 @@ class _Summariser:
             references = tuple((slot, dotted) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
-                                     id(call) in self._read_back))
+                                     id(call) in read_back))
+            if (bound := self._binding.get(id(call))) is not None:
+                self._bound_sites.setdefault(id(fn), []).append((bound, len(fn.sites) - 1))
             if not loops and not throttled:
                 if vocab.is_training_step_call(dotted):
                     fn.steps_at_top = True
@@ -499,16 +497,34 @@ class _Summariser:
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
-                summary.tensor_helper = _computes_on_arguments(
-                    node, data_params, returns, class_name is not None and self._is_module(class_name))
-                if summary.tensor_helper:
-                    summary.plain_calls = {n.func.id for statement in node.body for n in pyast.walk(statement)
-                                           if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        summary.moves_to_device = _moves_to_device(node.body)
         summary.abstract = _is_abstract(node)
         summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
+        # from the calls the walk above collected (its own, nested definitions left out)
+        summary.moves_to_device = any(site.target[-1] in ("to", "cuda") for site in summary.sites)
+        if returns and data_params and not summary.loops:
+            summary.tensor_helper = _computes_on_arguments(summary, data_params, returns, assigns,
+                                                           class_name is not None and self._is_module(class_name))
+            if summary.tensor_helper:
+                summary.plain_calls = {site.target[1] for site in summary.sites if site.target[0] == "name"}
+        self._mark_read_back(node, summary)
+
+    def _mark_read_back(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Module, fn: FunctionSummary) -> None:
+        """`a = self.actor.get_action(s)` then only `a.detach().cpu().numpy()`: that site's result is read back."""
+        read = self._read_names.pop(id(fn), set())
+        bound = [(name, index) for name, index in self._bound_sites.pop(id(fn), []) if name in read]
+        if not bound:
+            return
+        loads: dict[str, int] = {}
+        for statement in node.body:
+            for found in pyast.walk(statement):
+                if isinstance(found, ast.Name) and found.id in read and isinstance(found.ctx, ast.Load):
+                    loads[found.id] = loads.get(found.id, 0) + 1
+        reads = self._read_counts.pop(id(fn), {})
+        for name, index in bound:
+            if loads.get(name, 0) == reads.get(name, 0):
+                fn.sites[index].read_back = True
 
     def _record_arguments(self, dotted: str, call: ast.Call) -> None:
         """Which arguments a call passes, for the parameters whose CPU default a caller may override (`partial(f,
@@ -663,31 +679,26 @@ _PLAIN_BUILTINS = frozenset({"len", "max", "min", "abs", "isinstance", "getattr"
 _READS_BACK = frozenset({"cpu", "numpy", "item", "tolist", "to", "cuda"})
 
 
-def _computes_on_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str],
-                           returned: list[ast.expr], module_method: bool) -> bool:
+def _computes_on_arguments(fn: FunctionSummary, params: set[str], returned: list[ast.expr],
+                           assigns: list[ast.Assign], module_method: bool) -> bool:
     """A tensor helper (`def normalise(h): lo = h.min(1)[0]; return (h - lo) / (h.max(1)[0] - lo)`, a helper
-    calling `torch.softmax(logits)`, a network's method calling its layers `self.head(h)`): it calls torch,
-    methods of its parameters or (a module's method) its own layers and methods, returns a computed value, and
-    never reads a value back to the host, moves one, or calls NumPy."""
-    uses_torch = False
-    computed = set(params)  # names bound to a computed value (a call, arithmetic, an element)
-    for statement in node.body:
-        for found in pyast.walk(statement):
-            if isinstance(found, (ast.For, ast.While, ast.AsyncFor)):
-                return False  # straight-line tensor code, not a loop that trains or collects
-            if isinstance(found, ast.Assign) and isinstance(found.value, _COMPUTED):
-                computed.update(n.id for target in found.targets for n in pyast.walk(target) if isinstance(n, ast.Name))
-            if not isinstance(found, ast.Call):
-                continue
-            dotted = _dotted(found.func) or ""
-            if isinstance(found.func, ast.Attribute) and found.func.attr in _READS_BACK \
-                    or dotted.startswith(("np.", "numpy.")):
-                return False
-            uses_torch |= dotted.startswith(("torch.", "F.")) or dotted.split(".", 1)[0] in params and "." in dotted \
-                or module_method and dotted.startswith("self.") and dotted.count(".") == 1
+    calling `torch.softmax(logits)`, a network's method calling its layers `self.head(h)`): straight-line code
+    (the caller checks it has no loop) that calls torch, methods of its parameters or (a module's method) its own
+    layers and methods, returns a computed value, and never reads a value back to the host, moves one, or calls
+    NumPy. Judged from the call sites of its summary."""
+    computed = set(params) | {n.id for a in assigns if isinstance(a.value, _COMPUTED)
+                              for target in a.targets for n in pyast.walk(target) if isinstance(n, ast.Name)}
     values = [e for v in returned for e in (v.elts if isinstance(v, ast.Tuple) else [v])]
-    return uses_torch and all(isinstance(v, _COMPUTED) or isinstance(v, ast.Name) and v.id in computed
-                              for v in values)
+    if not all(isinstance(v, _COMPUTED) or isinstance(v, ast.Name) and v.id in computed for v in values):
+        return False
+    uses_torch = False
+    for site in fn.sites:
+        receiver = site.target[1] if site.target[0] == "attr" else ""
+        if site.target[-1] in _READS_BACK or receiver.split(".", 1)[0] in ("np", "numpy"):
+            return False
+        uses_torch |= receiver.split(".", 1)[0] in ("torch", "F") or receiver.split(".", 1)[0] in params \
+            or module_method and site.target[0] == "self"
+    return uses_torch
 
 
 def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
@@ -1037,16 +1048,39 @@ class CallGraph:
         `mcts.search(root, eval_fn=evaluate)` makes `eval_fn(obs)` inside `search` a call of `evaluate`."""
         def functions(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
             named = [(slot, found) for slot, name in site.passed for found in self._resolve(path, fn, ("name", name))]
+            # a bound method handed on (`MCTSPlayer(self.net.policy_value_fn)`): only names the program defines
             return named + [(slot, found) for slot, dotted in site.references
+                            if dotted.rsplit(".", 1)[-1] in self._methods
                             for found in self._resolve(path, fn, _call_target(dotted))]
-        found: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
-        for _ in range(MAX_DEPTH):  # `MCTSPlayer(fn)` hands `fn` on to `MCTS(fn)`: each pass follows one more hop
-            self._passed_in, previous = found, found
-            self._resolved.clear()
-            found = self._bound_parameters(functions)
-            if found == previous:
+        found = self._bound_parameters(functions)
+        # `MCTSPlayer.__init__(self, fn)` hands its parameter on to `MCTS(fn)`: follow such hops to a fixed point,
+        # resolving only the calls that pass on a parameter known to hold a function
+        holders = {(path, key) for path, key, _ in found}
+        for _ in range(MAX_DEPTH):
+            grown = False
+            for path, key in list(holders):
+                fn = self.files[path].functions[key]
+                for site in fn.sites:
+                    for slot, name in site.passed:
+                        functions_held = found.get((path, key, name), [])
+                        if not functions_held:
+                            continue
+                        for callee in self._resolve(path, fn, site.target):
+                            param = self._slot_parameter(callee, site, slot)
+                            values = found.setdefault((*callee, param), []) if param is not None else functions_held
+                            for function in functions_held:
+                                if function not in values:
+                                    values.append(function)
+                                    holders.add(callee)
+                                    grown = True
+            if not grown:
                 break
         return found
+
+    def _slot_parameter(self, callee: tuple[str, str], site: CallSite, slot: str | int) -> str | None:
+        params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site)
+        param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
+        return param if isinstance(param, str) else None
 
     def _objects_passed_in(self) -> dict[tuple[str, str, str], list[str]]:
         """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
@@ -1291,6 +1325,10 @@ class CallGraph:
             params = params[1:]
         return params[slot] if slot < len(params) else None
 
+    @cached_property
+    def _feeding_training(self) -> set[tuple[str, str, str]]:
+        return self._names_feeding_training()
+
     def _names_feeding_training(self) -> set[tuple[str, str, str]]:
         """(path, function key, name) of the names whose value a training-step loop iterates: directly
         (`for x, y in train_loader:`), through a parameter of a function that does (`train(model, loader)`, in
@@ -1306,7 +1344,7 @@ class CallGraph:
         in any file, also through helpers that hand their parameter on. Not from loops of files a loader whose
         `collate_fn` moves its batches to a device may reach (a batch there may already be on the GPU)."""
         device_fed = self._fed_device_batches()
-        feeding = self._names_feeding_training()
+        feeding = self._feeding_training
         found: set[tuple[str, str, str]] = set()
         for _ in range(MAX_DEPTH):
             grown = set()
@@ -1480,7 +1518,7 @@ class CallGraph:
                         for target, _ in calls:
                             for callee_path, callee_key in self.resolve(path, fn, target):
                                 markers.setdefault(callee_path, set()).add(f"{callee_key}#returns-trained")
-        for kind, feeding in (("training", self._names_feeding_training()),
+        for kind, feeding in (("training", self._feeding_training),
                               ("epoch", self._names_iterated_repeatedly())):
             for path, summary in self.files.items():
                 for fn in summary.functions.values():
