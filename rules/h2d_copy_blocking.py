@@ -55,7 +55,7 @@ class H2dCopyBlocking(Rule):
     severity = Severity.WARNING
     safety = Safety.SAFE
     priority = "P1"
-    triggers = (".to(", ".cuda(")
+    triggers = (".to(", ".cuda(", ".type(")
     examples = [
         Valid(  # an inference wrapper: its forward runs under no_grad, never in a training step
             """
@@ -229,6 +229,37 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """,
         ),
+        Invalid(  # the legacy spelling: a cast to a CUDA tensor type is a copy to the GPU
+            """
+            import torch
+            cuda = torch.cuda.is_available()
+            Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+            for imgs, _ in dataloader:
+                real_imgs = imgs.type(Tensor)
+                loss = discriminator(real_imgs).mean()
+                loss.backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+            cuda = torch.cuda.is_available()
+            Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+            for imgs, _ in dataloader:
+                real_imgs = imgs.type(Tensor, non_blocking=True)
+                loss = discriminator(real_imgs).mean()
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Valid(  # a cast to a CPU tensor type copies nothing to the GPU
+            """
+            import torch
+            for imgs, _ in dataloader:
+                loss = discriminator(imgs.type(torch.FloatTensor).cuda(non_blocking=True)).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # a helper the step loop hands each batch to (in any file of the program)
             """
             import torch
@@ -278,9 +309,27 @@ class H2dCopyBlocking(Rule):
                  "perf_after": "ys = [x.to(device, non_blocking=True) for x in xs]"},
     )
 
+    def _cuda_tensor_type(self, call: cst.Call) -> bool:
+        """`.type(torch.cuda.FloatTensor)`, or `.type(Tensor)` with `Tensor = torch.cuda.FloatTensor if cuda else
+        torch.FloatTensor`: a CUDA tensor type (on a machine with a GPU)."""
+        target = call_arg(call, "dtype", 0)
+        if target is None:
+            return False
+        value = target.value
+        if isinstance(value, cst.Name):
+            bindings = self.ctx.analysis.reaching_bindings(value.value, self.ctx.ancestors)
+            if len(bindings) != 1 or bindings[0].value is None:
+                return False
+            value = bindings[0].value
+        if isinstance(value, cst.IfExp):
+            return _cuda_type_name(self.ctx.qualname(value.body) or "")
+        return _cuda_type_name(self.ctx.qualname(value) or "")
+
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
-        if name not in ("to", "cuda") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
+        if name not in ("to", "cuda", "type") or has_star_args(node) or call_arg(node, "non_blocking") is not None:
+            return
+        if name == "type" and not self._cuda_tensor_type(node):
             return
         if not self.ctx.in_hot_region() or is_test_path(self.ctx.path) or self.ctx.in_no_grad_function() \
                 or amortised(self.ctx):
@@ -289,7 +338,9 @@ class H2dCopyBlocking(Rule):
         evidence = self.ctx.evidence
         if not evidence.is_cpu_source(node.func.value):
             return
-        if name == "to":
+        if name == "type":
+            pass  # a CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`): a copy to the GPU
+        elif name == "to":
             target = call_arg(node, "device", 0)
             positional = [a for a in node.args if a.keyword is None]
             if target is None or len(positional) > 2:
@@ -301,6 +352,10 @@ class H2dCopyBlocking(Rule):
             if evidence.device_of(target.value) is Device.CPU or _names_cpu(target.value):
                 return
         self.report(node, replacement=add_keyword(node, "non_blocking", "True"))
+
+
+def _cuda_type_name(qualified: str) -> bool:
+    return qualified.startswith("torch.cuda.") and qualified.endswith("Tensor")
 
 
 def _names_cpu(node: cst.BaseExpression) -> bool:

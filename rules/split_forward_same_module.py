@@ -46,6 +46,18 @@ from gpulint.semantic.modules import (
 # Shared with GPU004: is an expression a row-wise function of the tracked (batch-indexed) values?
 
 
+_SHAPE_KEEPING = frozenset({"detach", "clone", "contiguous", "float", "half", "bfloat16", "double", "to", "cuda",
+                            "requires_grad_"})
+
+
+def _shape_kept(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`fake.detach()`, `x.float().cuda()` -> the tensor whose shape the methods keep."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in _SHAPE_KEEPING:
+        value = value.func.value
+    return value
+
+
 def dotted_in(node: cst.CSTNode) -> set[str]:
     """Names and `self.x` attribute paths used in `node`."""
     found = names_in(node)
@@ -513,6 +525,27 @@ class SplitForwardSameModule(Rule):
                 return small, large
             """
         ),
+        Invalid(  # the discriminator on real and on detached generated images, each inside its loss (no rewrite)
+            """
+            import torch
+            import torch.nn as nn
+            class Discriminator(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.model = nn.Sequential(nn.Linear(784, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1), nn.Sigmoid())
+                def forward(self, img):
+                    return self.model(img.view(img.size(0), -1))
+            discriminator = Discriminator().cuda()
+            for imgs, _ in dataloader:
+                real_imgs = imgs.cuda()
+                gen_imgs = generator(torch.randn(imgs.size(0), 100, device="cuda"))
+                optimizer_D.zero_grad()
+                real_loss = adversarial_loss(discriminator(real_imgs), valid)  # error: GPU070
+                fake_loss = adversarial_loss(discriminator(gen_imgs.detach()), fake)
+                ((real_loss + fake_loss) / 2).backward()
+                optimizer_D.step()
+            """
+        ),
         Invalid(  # a GAN's discriminator step: real, then generated images; `D = D.to(...)` keeps `D` a network
             """
             import torch
@@ -878,8 +911,10 @@ class SplitForwardSameModule(Rule):
         if any(_is_constant(p[i].value) for p in positional for i in differing):
             return None  # `f(x, 6)` and `f(y, 3)`: a differing setting, not a batch
         for i in differing:
-            # `net(self.src_embed(src))`, `net(self.tgt_embed(tgt))`: different kinds of data (other shapes)
-            producers = {code_of(p[i].value.func) if isinstance(p[i].value, cst.Call) else None for p in positional}
+            # `net(self.src_embed(src))`, `net(self.tgt_embed(tgt))`: different kinds of data (other shapes); a
+            # batch detached or cast (`D(real)`, `D(fake.detach())`) is the same kind
+            values = [_shape_kept(p[i].value) for p in positional]
+            producers = {code_of(v.func) if isinstance(v, cst.Call) else None for v in values}
             if len(producers) > 1 and not producers <= {None}:
                 return None
         # the same batch twice (`net(x)` and `net(x)`) is a different problem
