@@ -978,7 +978,11 @@ def _in_update_loop(region: _Region, trainers: frozenset[str]) -> bool:
 
 
 def _repeats(loop: cst.For | cst.While) -> bool:
-    """`while not done:` / `for t in range(horizon):` (a rollout or a search), not a loop over inputs."""
+    """`while not done:` / `for t in range(horizon):` (a rollout or a search), not a loop over inputs nor one that
+    retries on failure (`while retries:`)."""
+    header = loop.test if isinstance(loop, cst.While) else loop.target
+    if any(isinstance(n, cst.Name) and vocab.RETRY_NAME.search(n.value) for n in walk(header)):
+        return False
     if not isinstance(loop, cst.For):
         return True
     iterable = loop.iter
@@ -1491,8 +1495,7 @@ class Evidence:
     def _name_is_module(self, name: str, depth: int) -> Confidence | None:
         found = []
         for binding in self.a.bindings_of(name, self.ancestors):
-            if binding.kind is BindingKind.ASSIGN and binding.value is not None \
-                    and not rebinds_itself(name, binding.value):  # `D = D.to(device)` keeps what `D` was
+            if binding.kind is BindingKind.ASSIGN and binding.value is not None:
                 answer = self.is_module(binding.value, depth + 1)
                 if answer is None:
                     return None  # one assignment that is not a module settles it

@@ -261,7 +261,12 @@ def _leaves(body: list[ast.stmt]) -> bool:
 
 def _repeats(loop: ast.AST) -> bool:
     """A loop that repeats a step (`while not done`, `for t in range(horizon)`, `for _ in trange(n)`), as a
-    rollout or a search does, not one over a collection of inputs (`for prompts in data`, a loader)."""
+    rollout or a search does, not one over a collection of inputs (`for prompts in data`, a loader), nor one
+    that retries on failure (`while retries:`)."""
+    header = loop.test if isinstance(loop, ast.While) else getattr(loop, "target", None)
+    if header is not None and any(isinstance(n, ast.Name) and vocab.RETRY_NAME.search(n.id)
+                                  for n in pyast.walk(header)):
+        return False
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return True
     iterable = loop.iter

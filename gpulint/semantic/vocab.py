@@ -28,6 +28,8 @@ THROTTLE_NAME = re.compile(r"interval|freq|every|period|log|print|verbose|debug|
 # every step, so `log_*` is not among them)
 OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|checkpoint|test_)", re.I)
 # iterables of a loop that repeats a step rather than walking a collection
+# a loop that tries something again on failure (`while retries:`, `for attempt in range(3)`): not a rollout
+RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
 EVAL_FUNCTION = re.compile(r"^_?(eval|evaluate|test|valid|validate|validation|val)(_|$)", re.I)
 
