@@ -442,6 +442,53 @@ class HostSyncInHotLoop(Rule):
             """,
             count=2,
         ),
+        Invalid(  # a program helper that reads its argument back (`.item()` inside), handed the loss every step
+            """
+            import torch
+            class Stats:
+                def record(self, key, value, step):
+                    if torch.is_tensor(value):
+                        value = value.item()
+                    self.rows.append((key, value, step))
+            class Agent:
+                def __init__(self, critic, stats):
+                    self.critic = critic.cuda()
+                    self.optimizer = torch.optim.Adam(self.critic.parameters())
+                    self.stats = stats
+                def update(self, obs, target, step):
+                    critic_loss = (self.critic(obs) - target).pow(2).mean()
+                    self.stats.record("critic_loss", critic_loss, step)  # error: GPU005
+                    self.optimizer.zero_grad()
+                    critic_loss.backward()
+                    self.optimizer.step()
+            def train(agent, replay, steps):
+                for step in range(steps):
+                    agent.update(*replay.sample(), step)
+            """
+        ),
+        Valid(  # the helper reads its argument only every N calls
+            """
+            import torch
+            class Stats:
+                def record(self, key, value, step):
+                    if step % 1000 == 0:
+                        self.rows.append((key, value.item(), step))
+            class Agent:
+                def __init__(self, critic, stats):
+                    self.critic = critic.cuda()
+                    self.optimizer = torch.optim.Adam(self.critic.parameters())
+                    self.stats = stats
+                def update(self, obs, target, step):
+                    critic_loss = (self.critic(obs) - target).pow(2).mean()
+                    self.stats.record("critic_loss", critic_loss, step)
+                    self.optimizer.zero_grad()
+                    critic_loss.backward()
+                    self.optimizer.step()
+            def train(agent, replay, steps):
+                for step in range(steps):
+                    agent.update(*replay.sample(), step)
+            """
+        ),
         Invalid(  # a network held by an attribute, proven one by its optimizer; its Q-values logged every step
             """
             import torch
@@ -565,6 +612,9 @@ class HostSyncInHotLoop(Rule):
         self._enabled = ctx.targets_cuda()
         self._reported_statements: dict[int, list[cst.CSTNode]] = {}  # id(statement) -> the reads reported in it
         self._synchronizing_loops: dict[int, bool] = {}
+        # names of program helpers this file's functions hand an argument that they read back (usually none)
+        self._reading_helpers = {key.split("#reads-argument:", 1)[1].split(":", 1)[0]
+                                 for key in ctx.analysis.program_keys if "#reads-argument:" in key}
 
     # -- where are we ------------------------------------------------------------------------
 
@@ -725,6 +775,7 @@ class HostSyncInHotLoop(Rule):
             elif func.value == "print":
                 candidates.extend((a.value, a.value, "printing a tensor") for a in node.args  # type: ignore[misc]
                                   if not a.star and a.keyword is None)
+        candidates.extend(self._read_by_helper(node))  # a program helper reads an argument back
         if not candidates:
             return
         severity = self._region_severity()
@@ -736,6 +787,22 @@ class HostSyncInHotLoop(Rule):
                 continue  # an evaluation result copied out to be saved or scored: the copy is the output
             if placement.may_be_on_device(value) and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
+
+    def _read_by_helper(self, call: cst.Call) -> list[tuple[cst.CSTNode, cst.BaseExpression, str]]:
+        """Arguments a program helper reads back to the host unconditionally (`def log(self, key, value, step):
+        value = value.item()`), from the call graph's `#reads-argument:` markers for this call."""
+        called = last_name(call.func)
+        if not called or not self._reading_helpers or called not in self._reading_helpers:
+            return []
+        prefix = f"{self.ctx.analysis.key_of(self.ctx.enclosing(cst.FunctionDef))}#reads-argument:{called}:"
+        found = []
+        for key in self.ctx.analysis.program_keys:
+            if key.startswith(prefix):
+                slot = key[len(prefix):]
+                arg = call_arg(call, slot) if not slot.isdigit() else call_arg(call, "", int(slot))
+                if arg is not None and not arg.star:
+                    found.append((arg.value, arg.value, f"`{called}()` reading a tensor back"))
+        return found
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         if not self._enabled:

@@ -120,6 +120,8 @@ class FunctionSummary:
     tensor_helper: bool = False  # (provided the functions it calls by plain name are tensor helpers too)
     plain_calls: set[str] = field(default_factory=set)  # names it calls as plain functions (`signed_parabolic(x)`)
     abstract: bool = False  # only raises NotImplementedError (or passes): the subclasses' overrides do the work
+    # parameters it reads back to the host unconditionally (`value.item()`, `float(value)`): a logging helper
+    reads_params: set[str] = field(default_factory=set)
     cpu_defaults: tuple[tuple[int, str], ...] = ()  # (position, name) of parameters defaulting to the CPU
 
 
@@ -452,6 +454,12 @@ class _Summariser:
                     self._read_names.setdefault(id(fn), set()).add(receiver.id)
                     counts = self._read_counts.setdefault(id(fn), {})
                     counts[receiver.id] = counts.get(receiver.id, 0) + 1
+                    if receiver.id in fn.params and call.func.attr != "data" and not throttled and not loops:
+                        fn.reads_params.add(receiver.id)
+            elif isinstance(call.func, ast.Name) and call.func.id in ("float", "int") and len(call.args) == 1 \
+                    and isinstance(call.args[0], ast.Name) and call.args[0].id in fn.params and not throttled \
+                    and not loops:
+                fn.reads_params.add(call.args[0].id)
         for call in calls:
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 loss = call.args[0] if call.args else call.func.value
@@ -1561,6 +1569,8 @@ class CallGraph:
         helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
         parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`,
+        one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
+        `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`,
         one whose result every caller only reads back to the host `<function key>#returns-read-back` (and, in its
         callers, `<caller key>#evaluates-read-back:<name>`: the callee is judged where it runs the network)."""
         found: dict[str, dict[str, Frequency]] = {}
@@ -1624,6 +1634,12 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
+                    if callees and all(callee.reads_params for callee in callees):
+                        for slot, _ in site.passed:
+                            if all(self._slot_parameter(key, site, slot) in callee.reads_params
+                                   for key, callee in zip(resolved, callees)):
+                                found.setdefault(path, {})[f"{fn.key}#reads-argument:{site.target[-1]}:{slot}"] = \
+                                    Frequency.ONCE
                     helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
                     if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
