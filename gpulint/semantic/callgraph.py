@@ -233,6 +233,7 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
 
 
 _READ_BACK_ATTRIBUTES = frozenset({"detach", "cpu", "numpy", "item", "tolist", "data"})
+_HOST_READS = frozenset({"numpy", "item", "tolist"})  # reads to the host that NumPy values share
 
 
 def _moves_to_device(body: list) -> bool:
@@ -442,19 +443,25 @@ class _Summariser:
         read_back = set()
         for call in calls:  # `f(s).detach().cpu().numpy()`: `f(s)` is read back; `a.cpu()`: the name `a` is
             if isinstance(call.func, ast.Attribute) and call.func.attr in _READ_BACK_ATTRIBUTES:
-                receiver = call.func.value
+                receiver, chain = call.func.value, {call.func.attr}
                 while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
                         and receiver.func.attr in _READ_BACK_ATTRIBUTES:
+                    chain.add(receiver.func.attr)
                     receiver = receiver.func.value
+                # `value.item()` of a parameter: the helper's own read is not proven a tensor's (NumPy has `.item()`
+                # too), so its callers are told; `p.detach().cpu()` is, and is judged where it is written
+                reads = chain & _HOST_READS and not chain & {"cpu", "detach"}
                 while isinstance(receiver, ast.Attribute) and receiver.attr == "data":
                     receiver = receiver.value
                 if isinstance(receiver, ast.Call):
                     read_back.add(id(receiver))
-                elif isinstance(receiver, ast.Name) and receiver is call.func.value:
-                    self._read_names.setdefault(id(fn), set()).add(receiver.id)
-                    counts = self._read_counts.setdefault(id(fn), {})
-                    counts[receiver.id] = counts.get(receiver.id, 0) + 1
-                    if receiver.id in fn.params and call.func.attr != "data" and not throttled and not loops:
+                elif isinstance(receiver, ast.Name):
+                    if receiver is call.func.value:
+                        self._read_names.setdefault(id(fn), set()).add(receiver.id)
+                        counts = self._read_counts.setdefault(id(fn), {})
+                        counts[receiver.id] = counts.get(receiver.id, 0) + 1
+                    # `p.detach().cpu().numpy()` of a parameter, unconditionally: the helper reads its argument
+                    if reads and receiver.id in fn.params and not throttled and not loops:
                         fn.reads_params.add(receiver.id)
             elif isinstance(call.func, ast.Name) and call.func.id in ("float", "int") and len(call.args) == 1 \
                     and isinstance(call.args[0], ast.Name) and call.args[0].id in fn.params and not throttled \
