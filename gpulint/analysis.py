@@ -82,32 +82,14 @@ def has_star_args(call: cst.Call) -> bool:
     return any(arg.star for arg in call.args)
 
 
-# methods that return the module they are called on (moved, cast or switched to train/eval mode)
-WRAPPER_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
-                             "requires_grad_", "share_memory"})
-
-
-def rebinds_itself(name: str, value: cst.BaseExpression | None) -> bool:
-    """`net = net.to(device)`, `model = model.cuda().eval()`: a binding that moves or switches what the name held."""
-    found = False
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
-            and value.func.attr.value in WRAPPER_METHODS:
-        value, found = value.func.value, True
-    return found and isinstance(value, cst.Name) and value.value == name
-
-
 _DEVICE_VARIABLE = re.compile(r"_?(device|dev)")
-
-
-def last_part(dotted: str) -> str:
-    return dotted.rsplit(".", 1)[-1]
 
 
 def _is_cpu_device(value: cst.BaseExpression) -> bool:
     """`"cpu"` or `torch.device("cpu")`."""
     if isinstance(value, cst.Call) and dotted_name(value.func) in ("torch.device", "device") and value.args:
         value = value.args[0].value
-    return isinstance(value, cst.SimpleString) and value.value[1:-1] == "cpu"
+    return string_value(value) == "cpu"
 
 
 def method_name(call: cst.Call) -> str | None:
@@ -723,7 +705,7 @@ class _PrePass(cst.CSTVisitor):
                      path: tuple[int, ...] = ()) -> None:
         order = self.current_order()
         if value is not None and _is_cpu_device(value) and _DEVICE_VARIABLE.fullmatch(
-                last_part(dotted_name(target) or "")):
+                vocab.last_part(dotted_name(target))):
             self.a.cpu_device_binding = True
         if isinstance(target, cst.Name):
             self.scope.add(target.value, Binding(kind, value, order, path))
@@ -810,7 +792,7 @@ class _PrePass(cst.CSTVisitor):
         if not self.a.device_variable_use:
             target = call_arg(node, "device", 0 if name == "to" else None) if name == "to" or qual and \
                 qual.startswith("torch.") else None
-            if target is not None and _DEVICE_VARIABLE.fullmatch(last_part(dotted_name(target.value) or "")):
+            if target is not None and _DEVICE_VARIABLE.fullmatch(vocab.last_part(dotted_name(target.value))):
                 self.a.device_variable_use = True
         if qual in ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.current_device",
                     "torch.cuda.set_device") and not self._pins_if_available(node):

@@ -95,6 +95,32 @@ _SAMPLING_LOOP = """
             """
 
 
+# a rollout method returning its network's output to a caller that only reads it back
+_RETURNED_ACTION = """
+            import torch
+            import torch.nn as nn
+            class Actor(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = nn.Linear(8, 2)
+                def forward(self, s):
+                    return self.body(s)
+                def get_action(self, state):
+                    mean = self.forward(torch.FloatTensor(state).unsqueeze(0).cuda())
+                    return mean.squeeze(0)
+            class Agent:
+                def __init__(self):
+                    self.actor = Actor().cuda()
+                def choose_action(self, s):
+                    a = self.actor.get_action(s)
+                    return a.detach().cpu().numpy()
+            def rollout(env, agent):
+                s, done = env.reset(), False
+                while not done:
+                    s, r, done, _ = env.step(agent.choose_action(s))
+            """
+
+
 def _decorated(code: str, function: str = "get_action") -> str:
     """An example's expected fix: `function` decorated with `@torch.no_grad()`."""
     return re.sub(rf"^( *)def {function}\b", rf"\1@torch.no_grad()\n\1def {function}", code, count=1, flags=re.M)
@@ -302,53 +328,7 @@ class EvalWithoutNoGrad(Rule):
     ]
     examples = [*examples,
         Invalid(  # the network's output is returned to a caller that only reads it back: reported where it runs
-            """
-            import torch
-            import torch.nn as nn
-            class Actor(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.body = nn.Linear(8, 2)
-                def forward(self, s):
-                    return self.body(s)
-                def get_action(self, state):
-                    mean = self.forward(torch.FloatTensor(state).unsqueeze(0).cuda())
-                    return mean.squeeze(0)
-            class Agent:
-                def __init__(self):
-                    self.actor = Actor().cuda()
-                def choose_action(self, s):
-                    a = self.actor.get_action(s)
-                    return a.detach().cpu().numpy()
-            def rollout(env, agent):
-                s, done = env.reset(), False
-                while not done:
-                    s, r, done, _ = env.step(agent.choose_action(s))
-            """,
-            fixed="""
-            import torch
-            import torch.nn as nn
-            class Actor(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.body = nn.Linear(8, 2)
-                def forward(self, s):
-                    return self.body(s)
-                @torch.no_grad()
-                def get_action(self, state):
-                    mean = self.forward(torch.FloatTensor(state).unsqueeze(0).cuda())
-                    return mean.squeeze(0)
-            class Agent:
-                def __init__(self):
-                    self.actor = Actor().cuda()
-                def choose_action(self, s):
-                    a = self.actor.get_action(s)
-                    return a.detach().cpu().numpy()
-            def rollout(env, agent):
-                s, done = env.reset(), False
-                while not done:
-                    s, r, done, _ = env.step(agent.choose_action(s))
-            """,
+            _RETURNED_ACTION, fixed=_decorated(_RETURNED_ACTION),
         ),
         Invalid(
             """

@@ -35,6 +35,22 @@ _GATHERS = {"stack", "cat", "concat", "concatenate", "vstack", "hstack"}
 _DEVICE_NAME = re.compile(r"(^|_)(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
 
+def _collector(device_parameter: str, marker: str = "") -> str:
+    """An example: a rollout collector that uploads each observation to the device it was given."""
+    return f"""
+            import torch
+            class Collector:
+                def __init__(self, env, model, {device_parameter}):
+                    self.env, self.model, self.device = env, model, device
+                def collect(self, steps):
+                    obs = self.env.reset()
+                    for _ in range(steps):
+                        obs_t = torch.tensor(obs, device=self.device){marker}
+                        with torch.no_grad():
+                            action = self.model(obs_t).argmax(-1)
+                        obs, reward, done, _ = self.env.step(action.cpu().numpy())
+            """
+
 class HostDataToDevicePerStep(Rule):
     """
     ## What it does
@@ -255,34 +271,10 @@ class HostDataToDevicePerStep(Rule):
             """
         ),
         Invalid(  # device-agnostic code: the device is its caller's choice, never bound to the CPU here
-            """
-            import torch
-            class Collector:
-                def __init__(self, env, model, device):
-                    self.env, self.model, self.device = env, model, device
-                def collect(self, steps):
-                    obs = self.env.reset()
-                    for _ in range(steps):
-                        obs_t = torch.tensor(obs, device=self.device)  # error: GPU013
-                        with torch.no_grad():
-                            action = self.model(obs_t).argmax(-1)
-                        obs, reward, done, _ = self.env.step(action.cpu().numpy())
-            """
+            _collector("device", "  # error: GPU013")
         ),
         Valid(  # the same, with the CPU as the device's default: nothing says a GPU is meant
-            """
-            import torch
-            class Collector:
-                def __init__(self, env, model, device="cpu"):
-                    self.env, self.model, self.device = env, model, device
-                def collect(self, steps):
-                    obs = self.env.reset()
-                    for _ in range(steps):
-                        obs_t = torch.tensor(obs, device=self.device)
-                        with torch.no_grad():
-                            action = self.model(obs_t).argmax(-1)
-                        obs, reward, done, _ = self.env.step(action.cpu().numpy())
-            """
+            _collector('device="cpu"')
         ),
         Invalid(  # a loader's collate function (run per batch) given the device by `partial`, its default the CPU
             """

@@ -99,6 +99,28 @@ _CONVERTING_LOGGERS = re.compile(r"^(fabric|wandb)$")
 _TENSORBOARD_VALUES = {"add_scalar": ("scalar_value", 1), "add_histogram": ("values", 1)}
 
 
+def _handing_the_loss(record_body: str, marker: str = "") -> str:
+    """An example: an agent hands its loss every update to `Stats.record`, whose body is `record_body`."""
+    return f"""
+            import torch
+            class Stats:
+                def record(self, key, value, step):{record_body}
+            class Agent:
+                def __init__(self, critic, stats):
+                    self.critic = critic.cuda()
+                    self.optimizer = torch.optim.Adam(self.critic.parameters())
+                    self.stats = stats
+                def update(self, obs, target, step):
+                    critic_loss = (self.critic(obs) - target).pow(2).mean()
+                    self.stats.record("critic_loss", critic_loss, step){marker}
+                    self.optimizer.zero_grad()
+                    critic_loss.backward()
+                    self.optimizer.step()
+            def train(agent, replay, steps):
+                for step in range(steps):
+                    agent.update(*replay.sample(), step)
+            """
+
 class HostSyncInHotLoop(Rule):
     """
     ## What it does
@@ -443,51 +465,15 @@ class HostSyncInHotLoop(Rule):
             count=2,
         ),
         Invalid(  # a program helper that reads its argument back (`.item()` inside), handed the loss every step
-            """
-            import torch
-            class Stats:
-                def record(self, key, value, step):
+            _handing_the_loss("""
                     if torch.is_tensor(value):
                         value = value.item()
-                    self.rows.append((key, value, step))
-            class Agent:
-                def __init__(self, critic, stats):
-                    self.critic = critic.cuda()
-                    self.optimizer = torch.optim.Adam(self.critic.parameters())
-                    self.stats = stats
-                def update(self, obs, target, step):
-                    critic_loss = (self.critic(obs) - target).pow(2).mean()
-                    self.stats.record("critic_loss", critic_loss, step)  # error: GPU005
-                    self.optimizer.zero_grad()
-                    critic_loss.backward()
-                    self.optimizer.step()
-            def train(agent, replay, steps):
-                for step in range(steps):
-                    agent.update(*replay.sample(), step)
-            """
+                    self.rows.append((key, value, step))""", "  # error: GPU005")
         ),
         Valid(  # the helper reads its argument only every N calls
-            """
-            import torch
-            class Stats:
-                def record(self, key, value, step):
+            _handing_the_loss("""
                     if step % 1000 == 0:
-                        self.rows.append((key, value.item(), step))
-            class Agent:
-                def __init__(self, critic, stats):
-                    self.critic = critic.cuda()
-                    self.optimizer = torch.optim.Adam(self.critic.parameters())
-                    self.stats = stats
-                def update(self, obs, target, step):
-                    critic_loss = (self.critic(obs) - target).pow(2).mean()
-                    self.stats.record("critic_loss", critic_loss, step)
-                    self.optimizer.zero_grad()
-                    critic_loss.backward()
-                    self.optimizer.step()
-            def train(agent, replay, steps):
-                for step in range(steps):
-                    agent.update(*replay.sample(), step)
-            """
+                        self.rows.append((key, value.item(), step))""")
         ),
         Invalid(  # a network held by an attribute, proven one by its optimizer; its Q-values logged every step
             """

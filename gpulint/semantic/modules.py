@@ -10,8 +10,6 @@ import libcst as cst
 
 from gpulint import Confidence
 from gpulint.analysis import (
-    WRAPPER_METHODS,
-    rebinds_itself,
     BindingKind,
     FileAnalysis,
     call_arg,
@@ -23,8 +21,21 @@ from gpulint.analysis import (
     walk,
 )
 
-_CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
+# methods that return the module they are called on (moved, cast or switched to train/eval mode)
+WRAPPER_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+                             "requires_grad_", "share_memory"})
 
+
+def rebinds_itself(name: str, value: cst.BaseExpression | None) -> bool:
+    """`net = net.to(device)`, `model = model.cuda().eval()`: a binding that moves or switches what the name held."""
+    found = False
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in WRAPPER_METHODS:
+        value, found = value.func.value, True
+    return found and isinstance(value, cst.Name) and value.value == name
+
+
+_CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
 _BATCH_NORM = re.compile(r"^(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd)$")
 _DROPOUT = re.compile(r"^(Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _SHAPED = re.compile(r"^(Conv(Transpose)?\dd|LazyConv(Transpose)?\dd|Embedding|EmbeddingBag)$")
