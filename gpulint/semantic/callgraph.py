@@ -775,13 +775,14 @@ def _is_upload(value: ast.expr, params: set[str]) -> bool:
 
 
 def _constructed_class(value: ast.AST | None) -> str | None:
-    """`Agent(config)` (also `Agent(...).to(device)`, which is still the Agent): the class name, else None."""
+    """`Agent(config)` (also `Agent(...).to(device)`, which is still the Agent): the class name, else None.
+    Qualified by the module it is reached through (`OurDDPG.DDPG(...)` beside `DDPG.DDPG(...)`: two classes)."""
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _KEEPS_RECEIVER:
         value = value.func.value
     if not isinstance(value, ast.Call):
         return None
-    built = vocab.last_part(_dotted(value.func))
-    return built if built and built[0].isupper() else None
+    built = _dotted(value.func)
+    return built if built and vocab.last_part(built)[:1].isupper() else None
 
 
 @lru_cache(maxsize=4096)
@@ -909,6 +910,7 @@ class CallGraph:
         class_path = self._class_file(path, class_name)
         if class_path is None:
             return []
+        class_name = vocab.last_part(class_name)
         summary = self.files[class_path]
         key = f"{class_name}.{method}"
         if key in summary.functions:
@@ -921,7 +923,18 @@ class CallGraph:
 
     def _class_file(self, path: str, class_name: str) -> str | None:
         """The file defining the program class `class_name` as `path` sees it: its own, the one it imports (also
-        through `from common.policies import *`), the only one; None when unknown or several could be meant."""
+        through `from common.policies import *`), the only one; None when unknown or several could be meant.
+        A qualified name (`OurDDPG.DDPG`, `agents.dqn.Agent`) is looked up in the module its head imports."""
+        if "." in class_name:
+            head, _, rest = class_name.partition(".")
+            module, _, class_name = rest.rpartition(".")
+            imported = self.files[path].imports.get(head)
+            if imported is None:
+                return None
+            level, base, name = imported
+            qualified = ".".join(part for part in (base, name, module) if part)
+            origin = self._module_file(path, level, qualified)
+            return origin if origin is not None and class_name in self.files[origin].classes else None
         places = [p for p, _ in self._classes.get(class_name, [])]
         if path in places or len(places) <= 1:
             return path if path in places else (places[0] if places else None)
@@ -1004,10 +1017,10 @@ class CallGraph:
             target_file = self._module_file(path, level, ".".join([base, *receiver.split(".")[1:]]))
             if target_file is not None:
                 return self._function_in(target_file, method)
-        for built in summary.instances.get(receiver, ()):
-            found = self._method(path, built, method)
-            if found:
-                return found
+        # `if args.policy == "TD3": policy = TD3.TD3(...) elif ...: policy = DDPG.DDPG(...)`: any of them runs
+        found = [m for built in summary.instances.get(receiver, ()) for m in self._method(path, built, method)]
+        if found:
+            return found
         found = self._attribute_method(path, receiver, method)
         if found:
             return found
