@@ -1012,6 +1012,7 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     analysis = FileAnalysis(module)
     prepass = _PrePass(analysis)
     traverse(module, prepass.on_visit, prepass.on_leave)
+    _drop_rebound_aliases(analysis)
     if analysis.device_variable_use and not analysis.cpu_device_binding and not analysis.cuda_evidence:
         analysis.maybe_cuda_evidence = True
     _mark_modules(analysis, known_module_classes or set())
@@ -1019,6 +1020,17 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     if calls is not None:
         analysis.program_keys = calls.frequencies
     return analysis
+
+
+def _drop_rebound_aliases(analysis: FileAnalysis) -> None:
+    """`import model` then `model = model.RNNModel(...)` at the top level: from there on `model` is the network,
+    not the module (a fallback such as `except ImportError: amp = None` keeps the import's meaning)."""
+    scope = analysis.scopes.get(id(analysis.module))
+    if scope is None:
+        return
+    for name in [n for n in analysis.aliases if "." not in n]:
+        if any(b.kind is BindingKind.ASSIGN and isinstance(b.value, cst.Call) for b in scope.bindings.get(name, ())):
+            del analysis.aliases[name]
 
 
 _Facts = TypeVar("_Facts", bound="PerFileFacts")

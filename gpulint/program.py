@@ -210,6 +210,30 @@ def related_texts(ctx) -> dict[str, str]:
     return texts
 
 
+# Something placed on a device, or handed to a framework that places it: a program that does none of this trains on
+# the CPU whatever it says of CUDA (a self-test seeding `torch.cuda.manual_seed(0)` when CUDA is available)
+PLACEMENT_TEXT = re.compile(r"\.cuda\(|\.to\(|\bdevice\s*=|set_default_(device|tensor_type)|cuda\.\w*Tensor\b|"
+                            r"DataParallel|\b(gpus|accelerator|devices)\s*=|\.prepare\(")
+
+
+def in_cpu_self_test(ctx) -> bool:
+    """At the current node: inside the `__main__` block of a module other files import, whose own run (the file and
+    what it imports) places nothing on a device -- a CPU self-test beside code that runs on the GPU when imported."""
+    guard = ctx.analysis.main_guard
+    if guard is None or not any(node is guard for node in ctx.ancestors):
+        return False
+    return bool(program_index(ctx).importers(ctx.path)) and not any(
+        mentions(PLACEMENT_TEXT, text) for text in reach_texts(ctx).values())
+
+
+def program_texts(ctx, in_main_guard: bool) -> dict[str, str]:
+    """The files of the program that runs code of the current file: `related_texts`, except for the `__main__` block
+    of a module other files import (a self-test or demo run as a script of its own): the file and what it imports."""
+    if in_main_guard and program_index(ctx).importers(ctx.path):
+        return reach_texts(ctx)
+    return related_texts(ctx)
+
+
 def linked_texts(ctx) -> dict[str, str]:
     """path -> text of the files a run of the current file's program certainly loads (`ProgramIndex.linked`)."""
     index = program_index(ctx)

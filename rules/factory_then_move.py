@@ -34,6 +34,11 @@ _SHAPE_ONLY = {"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze",
                "half", "long", "int", "bool", "contiguous", "repeat"}
 # out-of-place writes a chain may make before the move (`torch.zeros(1, n).scatter(1, index, 1.0)`)
 _HOST_CHAIN_WRITES = frozenset({"scatter", "index_fill", "masked_fill", "fill_diagonal_", "tril", "triu"})
+# elementwise functions and methods that keep a CPU tensor on the CPU (a sinusoidal embedding's frequencies)
+_ELEMENTWISE = frozenset(f"torch.{f}" for f in ("exp", "log", "sin", "cos", "sqrt", "rsqrt", "pow", "exp2", "log2",
+                                                  "log10", "reciprocal", "sigmoid", "tanh", "abs", "neg", "outer"))
+_ELEMENTWISE_METHODS = frozenset({"exp", "log", "sin", "cos", "sqrt", "rsqrt", "pow", "reciprocal", "mul", "div",
+                                  "add", "sub", "neg", "abs", "outer"})
 _DEVICE_NAME = re.compile(r"(^|[._])(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
 
 
@@ -124,6 +129,33 @@ class FactoryThenMove(Rule):
                 def forward(self, obs):
                     reward = torch.zeros(1, 21).scatter(1, torch.tensor([[10]]), 1.0).repeat(len(obs), 1).to(obs.device)  # error: GPU015
                     return self.body(obs) + reward
+            """
+        ),
+        Invalid(  # sinusoidal frequencies computed on the CPU from a factory, moved in every forward (no fix)
+            """
+            import math
+            import torch
+            class TimeEmbed(torch.nn.Module):
+                @staticmethod
+                def sinusoid(t, dim):
+                    half = dim // 2
+                    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half).to(t.device)  # error: GPU015
+                    angles = t[:, None].float() * freqs[None]
+                    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+                def forward(self, t):
+                    return self.mlp(self.sinusoid(t, 256))
+            """
+        ),
+        Valid(  # the same arithmetic on a factory created on the device: nothing is copied
+            """
+            import math
+            import torch
+            class TimeEmbed(torch.nn.Module):
+                def forward(self, t):
+                    half = 128
+                    freqs = torch.exp(-math.log(10000) * torch.arange(half, device=t.device) / half).to(t.dtype)
+                    return self.mlp(t[:, None] * freqs[None])
             """
         ),
         Valid(  # zero elements: the "copy" moves nothing
@@ -377,12 +409,47 @@ class FactoryThenMove(Rule):
 
     def _built_up_on_host(self, value: cst.BaseExpression) -> bool:
         """`torch.zeros(1, n).scatter(1, index, 1.0).repeat(b, 1)`: a factory's tensor shaped or written by a chain
-        of tensor methods on the CPU, then moved."""
+        of tensor methods on the CPU, then moved; or computed from one with elementwise arithmetic
+        (`torch.exp(-math.log(p) * torch.arange(half) / half)`)."""
         steps = 0
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
                 and method_name(value) in _SHAPE_ONLY | _HOST_CHAIN_WRITES:
             value, steps = value.func.value, steps + 1
-        return steps > 0 and isinstance(value, cst.Call) and self._factory_kind(value) is not None
+        if steps > 0 and isinstance(value, cst.Call) and self._factory_kind(value) is not None:
+            return True
+        return isinstance(value, (cst.Call, cst.BinaryOperation, cst.UnaryOperation)) and self._host_arithmetic(value)
+
+    def _host_arithmetic(self, value: cst.BaseExpression, depth: int = 0) -> bool:
+        """Elementwise arithmetic over a CPU factory (created without `device=`) and plain numbers: the result is a
+        CPU tensor (a CPU tensor of several elements cannot meet a CUDA tensor in an op, so code that runs never
+        mixes one in). True when some operand is such a factory."""
+        return self._host_operand(value, depth) is True
+
+    def _host_operand(self, value: cst.BaseExpression, depth: int) -> bool | None:
+        """True: a CPU tensor computed from a factory; None: a number (or a name, taken for one); False: neither."""
+        if depth > 12:
+            return False
+        if isinstance(value, (cst.Integer, cst.Float, cst.Name)) or isinstance(value, cst.Attribute) \
+                and self.ctx.qualname(value) is None:
+            return None
+        if isinstance(value, cst.UnaryOperation):
+            return self._host_operand(value.expression, depth + 1)
+        if isinstance(value, cst.BinaryOperation):
+            sides = (self._host_operand(value.left, depth + 1), self._host_operand(value.right, depth + 1))
+            return False if False in sides else (True if True in sides else None)
+        if not isinstance(value, cst.Call) or any(arg.star for arg in value.args):
+            return False
+        if self._factory_kind(value) is not None:
+            return _placeable(value)
+        qual = self.ctx.qualname(value.func) or ""
+        if qual.startswith("math."):
+            return None
+        if qual in _ELEMENTWISE and value.args:
+            operands = [self._host_operand(arg.value, depth + 1) for arg in value.args if arg.keyword is None]
+            return False if False in operands else (True if True in operands else None)
+        if isinstance(value.func, cst.Attribute) and method_name(value) in _ELEMENTWISE_METHODS | _SHAPE_ONLY:
+            return self._host_operand(value.func.value, depth + 1) is True
+        return False
 
     def _filled_on_host(self, value: cst.BaseExpression) -> bool:
         """`torch.FloatTensor(shape).uniform_(a, b)`: a legacy CPU constructor filled in place (random or

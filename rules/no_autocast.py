@@ -6,10 +6,10 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import current_text, linked_texts, mentions, reach_texts, related_texts
+from gpulint.program import current_text, linked_texts, mentions, program_texts, reach_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
-from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code
+from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # the script picks its device at run time: the autocast fix follows the script's device variable
@@ -313,10 +313,11 @@ class NoAutocast(Rule):
         # `torch.autocast` and bf16 autocast arrived in torch 1.10: a project pinning an older torch is told so
         self._pinned_old = torch_pinned_below(self.ctx.path, (1, 10))
         self._half_with_autocast()
-        texts = related_texts(self.ctx)
+        guard = self.ctx.analysis.main_guard
+        texts = program_texts(self.ctx, in_main_guard=guard is not None and all(
+            any(a is guard for a in self._region_ancestors[id(region)]) for region in self._regions))
         joined = list(texts.values())
-        if not (self.ctx.analysis.cuda_evidence or self.ctx.analysis.maybe_cuda_evidence
-                or any(mentions(CUDA_TEXT, t) for t in joined)):
+        if not runs_on_cuda(self.ctx, texts):
             return
         if any(mentions(_CUSTOM_KERNELS, t) for t in joined) \
                 or any(in_code(p, t) for p in (LOW_PRECISION, FP64) for t in joined):

@@ -6,9 +6,9 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import mentions, program_index, related_texts
+from gpulint.program import mentions, program_index, program_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import CUDA_TEXT, FP64, LOW_PRECISION, in_code, training_entry_anchor
+from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda, training_entry_anchor
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -240,10 +240,9 @@ class Tf32NotEnabled(Rule):
         pinned_before_tf32 = torch_pinned_below(ctx.path, (1, 7))
         if not pinned_before_tf32 and torch_pinned_below(ctx.path, (1, 12)):
             return
-        texts = related_texts(ctx)
+        texts = program_texts(ctx, in_main_guard=anchor is ctx.analysis.main_guard)
         joined = list(texts.values())
-        if not (ctx.analysis.cuda_evidence or ctx.analysis.maybe_cuda_evidence
-                or any(mentions(CUDA_TEXT, text) for text in joined)):
+        if not runs_on_cuda(ctx, texts):
             return
         # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
         if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64) for text in joined):

@@ -123,6 +123,7 @@ class FunctionSummary:
     # parameters it reads back to the host unconditionally (`value.item()`, `float(value)`): a logging helper
     reads_params: set[str] = field(default_factory=set)
     cpu_defaults: tuple[tuple[int, str], ...] = ()  # (position, name) of parameters defaulting to the CPU
+    builds: tuple[str, ...] = ()  # program classes it returns instances of (`def create_diffusion(): return Spaced(...)`)
 
 
 @dataclass
@@ -514,6 +515,7 @@ class _Summariser:
         returns, assigns = _returns_and_assigns(node)
         if returns:
             summary.returns_host = _returns_host_tensors(returns, assigns)
+            summary.builds = tuple(dict.fromkeys(c for r in returns if (c := _constructed_class(r))))
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
@@ -933,8 +935,7 @@ class CallGraph:
                 return None
             level, base, name = imported
             qualified = ".".join(part for part in (base, name, module) if part)
-            origin = self._module_file(path, level, qualified)
-            return origin if origin is not None and class_name in self.files[origin].classes else None
+            return self._defining_file(self._module_file(path, level, qualified), class_name)
         places = [p for p, _ in self._classes.get(class_name, [])]
         if path in places or len(places) <= 1:
             return path if path in places else (places[0] if places else None)
@@ -945,6 +946,25 @@ class CallGraph:
             starred = {self._module_file(path, level, module) for level, module in summary.star_imports} & set(places)
             origin = next(iter(starred)) if len(starred) == 1 else None
         return origin if origin in places else None  # several classes of that name elsewhere: do not guess
+
+    def _defining_file(self, module_path: str | None, class_name: str, depth: int = 0) -> str | None:
+        """The file that defines `class_name` as module `module_path` exposes it: itself, or where its re-export
+        (`from .a2c_acktr import A2C_ACKTR` in a package's `__init__.py`, `from .x import *`) leads."""
+        if module_path is None or depth > 4:
+            return None
+        summary = self.files[module_path]
+        if class_name in summary.classes:
+            return module_path
+        if class_name in summary.imports:
+            level, module, imported = summary.imports[class_name]
+            if imported is not None:
+                return self._defining_file(self._module_file(module_path, level, module), imported, depth + 1)
+            return None
+        for level, module in summary.star_imports:
+            found = self._defining_file(self._module_file(module_path, level, module), class_name, depth + 1)
+            if found is not None:
+                return found
+        return None
 
     def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
         """`self.pick_action(state)` in a base class: the subclasses' definitions (a template method:
@@ -978,6 +998,7 @@ class CallGraph:
         """The definitions a call site may run (empty when unknown or ambiguous)."""
         key = (path, fn.key, target)
         if key not in self._resolved:
+            self._resolved[key] = []  # while it resolves: `x = x.step()` leads back here
             self._resolved[key] = self._resolve(path, fn, target)
         return self._resolved[key]
 
@@ -1010,6 +1031,10 @@ class CallGraph:
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
             return self._env_methods()
+        if receiver == "super":  # `super().training_losses(...)`: the base classes' definition
+            if fn.class_name is None:
+                return []
+            return [m for base in summary.classes.get(fn.class_name, []) for m in self._method(path, base, method)][:1]
         head = receiver.split(".")[0]
         if head in summary.imports:
             level, module, imported = summary.imports[head]
@@ -1019,6 +1044,9 @@ class CallGraph:
                 return self._function_in(target_file, method)
         # `if args.policy == "TD3": policy = TD3.TD3(...) elif ...: policy = DDPG.DDPG(...)`: any of them runs
         found = [m for built in summary.instances.get(receiver, ()) for m in self._method(path, built, method)]
+        if found:
+            return found
+        found = self._factory_method(path, fn, receiver, method)
         if found:
             return found
         found = self._attribute_method(path, receiver, method)
@@ -1053,6 +1081,23 @@ class CallGraph:
             if all(other == candidate or other in overrides for other in beside):
                 return [candidate, *(o for o in overrides if o != candidate)]
         return []
+
+    def _factory_method(self, path: str, fn: FunctionSummary, receiver: str, method: str) -> list[tuple[str, str]]:
+        """`diffusion = create_diffusion(cfg)` then `diffusion.training_losses(...)`, where `create_diffusion` (here
+        or in another file) returns `SpacedDiffusion(...)`: the method of the classes the factory builds."""
+        found: list[tuple[str, str]] = []
+        module = self.files[path].functions.get("<module>")
+        for scope in (fn,) if module is None or module is fn else (fn, module):  # a local, else a global
+            for target, index in scope.results.get(receiver, ()):
+                if index is not None:
+                    continue
+                for factory_path, factory_key in self.resolve(path, scope, target):
+                    factory = self.files[factory_path].functions.get(factory_key)
+                    for cls in factory.builds if factory is not None else ():
+                        found += [m for m in self._method(factory_path, cls, method) if m not in found]
+            if found:
+                break
+        return found
 
     def _held_function(self, path: str, class_name: str, attribute: str) -> list[tuple[str, str]]:
         """The functions callers hand the class's constructor for the parameter it keeps in `self.<attribute>`."""

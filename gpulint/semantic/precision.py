@@ -12,6 +12,7 @@ import libcst as cst
 
 from gpulint import HotKind
 from gpulint.analysis import CUDA_TEXT_PATTERN, BindingKind, call_arg, walk
+from gpulint.program import PLACEMENT_TEXT, mentions
 from gpulint.program import MAIN_GUARD_TEXT
 from gpulint.semantic import pyast
 
@@ -73,6 +74,13 @@ _TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
 # CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
 CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|\.to\(\s*0\s*\)|"""
                         r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
+
+def runs_on_cuda(ctx, texts: dict[str, str]) -> bool:
+    """Does the program of `texts` (the current file's among them) train on CUDA? CUDA named (or possibly meant)
+    and something placed on a device."""
+    analysis = ctx.analysis
+    named = analysis.cuda_evidence or analysis.maybe_cuda_evidence or any(mentions(CUDA_TEXT, t) for t in texts.values())
+    return named and any(mentions(PLACEMENT_TEXT, t) for t in texts.values())
 
 
 @dataclass(frozen=True)
