@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
+from typing import Iterable
 
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
@@ -208,6 +209,25 @@ def related_texts(ctx) -> dict[str, str]:
     texts = {path: index.sources[path] for path in index.related(ctx.path)}
     texts[ctx.path] = current_text(ctx)
     return texts
+
+
+_CLASS_TEXT = re.compile(r"^\s*class\s+(\w+)\s*\(([^)]*)\)", re.M)
+
+
+def subclasses_in_text(texts: Iterable[str], roots: set[str]) -> set[str]:
+    """Classes of the program derived, directly or through each other, from a class named in `roots` (by the last
+    dotted part of a base: `class Net(nn.Module)`, `class BalancedDataParallel(DataParallel)`), read from the text."""
+    classes: dict[str, str] = {name: bases for text in texts for name, bases in _CLASS_TEXT.findall(text)}
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, bases in classes.items():
+            if name not in found and any(part.strip().rsplit(".", 1)[-1] in roots | found
+                                         for part in bases.split(",")):
+                found.add(name)
+                changed = True
+    return found
 
 
 # Something placed on a device, or handed to a framework that places it: a program that does none of this trains on

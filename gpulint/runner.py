@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from gpulint.cache import ResultCache, code_fingerprint, content_hash, digest
 from gpulint.diagnostics import Diagnostic, Position, Safety, Severity
 from gpulint.discovery import discover_resolved, find_project_root
-from gpulint.program import imported_files
+from gpulint.program import imported_files, subclasses_in_text
 from gpulint.registry import META_CODES, all_rules, rule_by_code
 from gpulint.source import SourceError, SourceFile, read_source, write_source_atomically
 
@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 
 # libcst, the engine and the rules are imported where a file is linted (`_execute_all` imports them once, before
 # workers are forked): a run whose files are all results-cache hits needs none of them.
-
-_CLASS_TEXT = re.compile(r"^\s*class\s+(\w+)\s*\(([^)]*)\)", re.M)
-
 
 @dataclass
 class FileReport:
@@ -87,18 +84,7 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
 def _module_classes(texts: Iterable[str]) -> set[str]:
     """Classes of the program that are networks by their bases' names (`class Net(nn.Module)`, and classes
     derived from those), read from the text."""
-    known = {"Module", "LightningModule"}
-    classes: dict[str, str] = {name: bases for text in texts for name, bases in _CLASS_TEXT.findall(text)}
-    found: set[str] = set()
-    changed = True
-    while changed:  # a class is a Module if a base's last dotted part is a known Module class
-        changed = False
-        for name, bases in classes.items():
-            if name not in found and any(part.strip().rsplit(".", 1)[-1] in known | found
-                                         for part in bases.split(",")):
-                found.add(name)
-                changed = True
-    return found
+    return subclasses_in_text(texts, {"Module", "LightningModule"})
 
 
 _CONTEXT_DEPTH = 3  # import levels followed from the files named on the command line

@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, iter_calls, method_name, walk
-from gpulint.program import mentions, related_texts
+from gpulint.program import mentions, related_texts, subclasses_in_text
 
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
@@ -201,6 +201,22 @@ class DataParallel(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # the program's own subclass (an uneven split of the batch) replicates and gathers all the same
+            """
+            import torch
+            from torch.nn.parallel import DataParallel
+
+            class UnevenDataParallel(DataParallel):
+                def __init__(self, first_share, module, **kwargs):
+                    super().__init__(module, **kwargs)
+                    self.first_share = first_share
+
+            net = UnevenDataParallel(4, net, dim=1).cuda()  # error: GPU060
+            for x, y in loader:
+                criterion(net(x), y).backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # wrapped in one function, trained in another
             """
             from torch import nn
@@ -259,16 +275,28 @@ class DataParallel(Rule):
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
-        if self.ctx.analysis.call_qualname(node) not in _DATA_PARALLEL:
-            return
         qualname = self.ctx.analysis.call_qualname(node) or ""
-        # DataParallel(module, device_ids=None, ...); data_parallel(module, inputs, device_ids=None, ...)
-        devices = call_arg(node, "device_ids", 2 if qualname.endswith("data_parallel") else 1)
+        subclass = qualname not in _DATA_PARALLEL and self._program_subclass(node)
+        if qualname not in _DATA_PARALLEL and not subclass:
+            return
+        # DataParallel(module, device_ids=None, ...); data_parallel(module, inputs, device_ids=None, ...); a
+        # subclass's own signature is unknown: only its `device_ids=` keyword is read
+        devices = call_arg(node, "device_ids", None if subclass else 2 if qualname.endswith("data_parallel") else 1)
         if devices is not None and isinstance(devices.value, (cst.List, cst.Tuple)) and len(devices.value.elements) == 1:
             return
         if self._not_training(node, qualname):
             return
         self.report(node)
+
+    def _program_subclass(self, node: cst.Call) -> bool:
+        """`BalancedDataParallel(chunk, model, dim=1)` where the program defines `class BalancedDataParallel(
+        DataParallel)`: replicate, scatter and gather every step all the same."""
+        qualname = self.ctx.analysis.call_qualname(node)
+        name = (dotted_name(node.func) or "").rsplit(".", 1)[-1]
+        if not name or qualname is not None and qualname.startswith("torch."):
+            return False
+        return name in self.ctx.program.derived(
+            "data-parallel-subclasses", lambda program: subclasses_in_text(program.sources.values(), {"DataParallel"}))
 
     # -- is the wrapped model trained here? ----------------------------------------------------
 
