@@ -787,6 +787,11 @@ def _constructed_class(value: ast.AST | None) -> str | None:
     return built if built and vocab.last_part(built)[:1].isupper() else None
 
 
+def _plain_class(name: str) -> str:
+    """`DDPG` of `OurDDPG.DDPG` or of `agents/ddpg.py::DDPG`."""
+    return name.rpartition("::")[2] if "::" in name else vocab.last_part(name)
+
+
 @lru_cache(maxsize=4096)
 def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> FileSummary | None:
     try:
@@ -912,7 +917,7 @@ class CallGraph:
         class_path = self._class_file(path, class_name)
         if class_path is None:
             return []
-        class_name = vocab.last_part(class_name)
+        class_name = _plain_class(class_name)
         summary = self.files[class_path]
         key = f"{class_name}.{method}"
         if key in summary.functions:
@@ -926,7 +931,11 @@ class CallGraph:
     def _class_file(self, path: str, class_name: str) -> str | None:
         """The file defining the program class `class_name` as `path` sees it: its own, the one it imports (also
         through `from common.policies import *`), the only one; None when unknown or several could be meant.
-        A qualified name (`OurDDPG.DDPG`, `agents.dqn.Agent`) is looked up in the module its head imports."""
+        A qualified name (`OurDDPG.DDPG`, `agents.dqn.Agent`) is looked up in the module its head imports; one
+        located already (`path::Class`) is where it says."""
+        if "::" in class_name:
+            where, _, class_name = class_name.partition("::")
+            return where if class_name in self.files[where].classes else None
         if "." in class_name:
             head, _, rest = class_name.partition(".")
             module, _, class_name = rest.rpartition(".")
@@ -1164,8 +1173,12 @@ class CallGraph:
         """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
         in the argument (`run_steps(DQNAgent(config))`) or bound to the name passed (`agent = A2CAgent(cfg)`)."""
         def objects(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
-            built = [*site.built, *((slot, cls) for slot, name in site.passed for cls in summary.instances.get(name, ()))]
-            return [(slot, cls) for slot, cls in built if cls in self._classes]
+            built = [*site.built, *((slot, cls) for slot, name in (*site.passed, *site.references)
+                                    for cls in summary.instances.get(name, ()))]  # `play(self.player)` too
+            # named as the caller sees it: `MCTSPlayer` of the module the caller imports, not a namesake beside the
+            # callee (`mcts_pure.MCTSPlayer` and `mcts_alphaZero.MCTSPlayer`)
+            located = [(slot, self._class_file(path, cls), cls) for slot, cls in built]
+            return [(slot, f"{where}::{_plain_class(cls)}") for slot, where, cls in located if where is not None]
         return self._bound_parameters(objects)
 
     def _bound_parameters(self, arguments: Callable[[str, FileSummary, FunctionSummary, CallSite], list[tuple[str | int, T]]]
