@@ -454,12 +454,31 @@ class FileAnalysis:
                 return scope.bindings[name]
         return []
 
-    def reaching_bindings(self, name: str, ancestors: Sequence[cst.CSTNode]) -> list[Binding]:
-        """The binding textually last before the current statement, or all of them if none precedes it."""
+    def reaching_bindings(self, name: str, ancestors: Sequence[cst.CSTNode], before: int | None = None
+                          ) -> list[Binding]:
+        """The binding textually last before the current statement (or before the statement of order `before`), or
+        all of them if none precedes it (loop-carried)."""
         bindings = self.bindings_of(name, ancestors)
-        here = self.statement_order(ancestors)
-        before = [b for b in bindings if b.order < here]
-        return [before[-1]] if before else bindings
+        here = self.statement_order(ancestors) if before is None else before
+        prior = [b for b in bindings if b.order < here]
+        if before is None and len(prior) > 1:
+            # in an `else:` (or `elif`), what the `if` branch bound does not reach
+            for start, end in self._other_branches(ancestors):
+                prior = [b for b in prior if not start <= b.order < end]
+        return [prior[-1]] if prior else bindings
+
+    def _other_branches(self, ancestors: Sequence[cst.CSTNode]) -> list[tuple[int, int]]:
+        """Order ranges of the `if` bodies whose `else`/`elif` the current node is in."""
+        ranges = []
+        for index in range(len(ancestors) - 1):
+            node = ancestors[index]
+            if isinstance(node, cst.If) and ancestors[index + 1] is node.orelse and node.body.body:
+                branch = node.orelse.body.body[0] if isinstance(node.orelse, cst.Else) and node.orelse.body.body \
+                    else node.orelse
+                start, end = self.order.get(id(node.body.body[0])), self.order.get(id(branch))
+                if start is not None and end is not None:
+                    ranges.append((start, end))
+        return ranges
 
     def statement_order(self, ancestors: Sequence[cst.CSTNode]) -> int:
         for node in reversed(ancestors):

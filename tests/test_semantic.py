@@ -166,6 +166,27 @@ def test_tensor_proven_by_use() -> None:
     assert "err" in found and "rewards" not in found
 
 
+def test_a_binding_in_the_if_branch_does_not_reach_the_else_branch() -> None:
+    module = cst.parse_module("def act(self, state):\n    if self.continuous:\n        state = to_device(state)\n"
+                              "        return self.net(state)\n    else:\n        return self.head(state)\n"
+                              "    return state\n")
+    analysis = analyze(module)
+    uses = []
+
+    def visit(node: cst.CSTNode) -> bool:
+        stack.append(node)
+        if isinstance(node, cst.Name) and node.value == "state" and isinstance(stack[-2], cst.Arg):
+            uses.append(list(stack))
+        return True
+
+    stack: list[cst.CSTNode] = []
+    from gpulint.analysis import traverse
+    traverse(module, visit, lambda node: stack.pop())
+    moved, in_if, in_else = [[b.kind.value for b in analysis.reaching_bindings("state", u)] for u in uses]
+    assert moved == ["param"] and in_if == ["assign"]  # `self.net(state)`: the device copy
+    assert in_else == ["param"]  # `self.head(state)`: the argument, untouched
+
+
 def test_rollout_loop_kind_is_hot_kind() -> None:
     assert HotKind.ROLLOUT.value == "rollout" and HotKind.CALLEE.value == "called-per-step"
 

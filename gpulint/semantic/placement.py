@@ -399,10 +399,7 @@ class Placement:
     def reaching(self, name: str, before: int | None = None) -> list:
         """Bindings of `name` that reach a point: the last one textually before it, or all when none precede
         it (loop-carried). `before` is the order of the statement being resolved (None: the current node)."""
-        bindings = self.a.bindings_of(name, self.ctx.ancestors)
-        here = self.a.statement_order(self.ctx.ancestors) if before is None else before
-        prior = [b for b in bindings if b.order < here]
-        return [prior[-1]] if prior else bindings
+        return self.a.reaching_bindings(name, self.ctx.ancestors, before)
 
     def _for_target(self, binding) -> str | None:  # noqa: ANN001 - analysis.Binding
         iterable = binding.value
