@@ -239,6 +239,24 @@ class HostDataToDevicePerStep(Rule):
                 steps = LongTensor([t])
             """,
         ),
+        Invalid(  # the host tensor passed through a torch function (`torch.unsqueeze`) before the move
+            """
+            import torch
+            for t in range(horizon):
+                obs_t = torch.unsqueeze(torch.FloatTensor(obs), 0).to("cuda")
+                with torch.no_grad():
+                    action = policy(obs_t).argmax(-1)
+                obs, rew, term, trunc, _ = env.step(action.item())
+            """,
+            fixed="""
+            import torch
+            for t in range(horizon):
+                obs_t = torch.unsqueeze(torch.FloatTensor(obs), 0).pin_memory().to("cuda", non_blocking=True)
+                with torch.no_grad():
+                    action = policy(obs_t).argmax(-1)
+                obs, rew, term, trunc, _ = env.step(action.item())
+            """,
+        ),
         Invalid(  # built in one statement, moved in the next (each training step)
             """
             import numpy as np
@@ -546,7 +564,7 @@ class HostDataToDevicePerStep(Rule):
         also through a name bound to one earlier in the same loop iteration (`x = torch.FloatTensor(a)` then
         `x = x.contiguous().cuda()`)."""
         while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
-                and method_name(node) in _HOST_CHAIN:
+                and method_name(node) in _HOST_CHAIN and self.ctx.qualname(node.func) is None:
             node = node.func.value
         if isinstance(node, cst.Name) and follow_name:
             return self._built_this_iteration(node)
@@ -558,6 +576,8 @@ class HostDataToDevicePerStep(Rule):
         last = qual[len("torch."):]
         if last in _FROM_HOST:
             return node
+        if last in _HOST_CHAIN and node.args and node.args[0].keyword is None:  # `torch.unsqueeze(FloatTensor(x), 0)`
+            return self._host_constructor(node.args[0].value, follow_name)
         if last in _GATHERS and node.args and self._gathered_on_host(node.args[0].value):
             return node
         if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None:
