@@ -1356,8 +1356,9 @@ class Evidence:
                 data = call_arg(node, "data", 0)
                 return data is not None and self._host_data(data.value, depth + 1)
             if LEGACY_HOST_TENSOR.fullmatch(qual) and node.args and not isinstance(
-                    node.args[0].value, (cst.List, cst.Tuple)):  # `torch.FloatTensor(np.array(boards))` (a few
-                return self._host_data(node.args[0].value, depth + 1)  # Python numbers are GPU013's business)
+                    node.args[0].value, (cst.List, cst.Tuple)):  # `torch.FloatTensor(batch)` (a few Python numbers
+                return not is_numeric_literal(node.args[0].value)  # are GPU013's business): a legacy CPU type
+                # makes a CPU tensor of whatever it is given (a CUDA tensor raises)
             if method_name(node) in ("cpu", "pin_memory", "float", "long", "half", "int", "contiguous",
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):

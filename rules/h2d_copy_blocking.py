@@ -161,6 +161,28 @@ class H2dCopyBlocking(Rule):
                 opt.step()
             """,
         ),
+        Invalid(  # a legacy CPU type (`torch.FloatTensor`) makes a host tensor of whatever the replay returns
+            """
+            import torch
+            def update(memory, device):
+                states, targets = memory.sample(256)
+                states = torch.FloatTensor(states).to(device)
+                targets = torch.FloatTensor(targets).to(device)
+                loss = (critic(states) - targets).pow(2).mean()
+                loss.backward()
+                critic_optim.step()
+            """,
+            fixed="""
+            import torch
+            def update(memory, device):
+                states, targets = memory.sample(256)
+                states = torch.FloatTensor(states).to(device, non_blocking=True)
+                targets = torch.FloatTensor(targets).to(device, non_blocking=True)
+                loss = (critic(states) - targets).pow(2).mean()
+                loss.backward()
+                critic_optim.step()
+            """,
+        ),
         Invalid(  # batch tensors cast in place (`x, y = x.float(), y.float()`), then moved when CUDA is there
             """
             import torch
