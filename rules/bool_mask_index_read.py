@@ -15,7 +15,7 @@ from gpulint.semantic.masks import (
     same_code,
     tensor_verdict,
 )
-from gpulint.semantic.placement import Placement, after_init_once_guard
+from gpulint.semantic.placement import Placement, after_init_once_guard, amortised
 
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the bool-mask rules (GPU001-GPU003) and the tensor-branch / dynamic-shape rules
@@ -97,6 +97,24 @@ class BoolMaskIndexRead(Rule):
     priority = "P1"
     triggers = ("[",)
     examples = [
+        Valid(  # read once every 500 steps, for logging: not the step's cost
+            """
+            import torch
+
+            def train(model, loader, optimizer, writer):
+                for step, (x, y) in enumerate(loader):
+                    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+                    logits = model(x)
+                    loss = torch.nn.functional.cross_entropy(logits, y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    if step % 500 == 0:
+                        hard = y != logits.argmax(-1)
+                        hard_logits = logits[hard]
+                        writer.add_scalar("hard_mean", hard_logits.mean(), step)
+            """
+        ),
         Valid(  # masked arithmetic keeps the shape static
             """
             import torch
@@ -208,18 +226,19 @@ class BoolMaskIndexRead(Rule):
     ]
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if not self.ctx.in_hot_region() or self._is_store(node) or after_init_once_guard(self.ctx):
+        if not self.ctx.in_hot_region() or self._is_store(node) or after_init_once_guard(self.ctx) \
+                or amortised(self.ctx):
             return
         self._check(node, node)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Subscript) and self.ctx.in_hot_region():
+        if isinstance(node.target, cst.Subscript) and self.ctx.in_hot_region() and not amortised(self.ctx):
             self._check(node.target, node.target)
 
     def visit_Call(self, node: cst.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.masked_select" or len(node.args) < 2:
             return
-        if not self.ctx.in_hot_region():
+        if not self.ctx.in_hot_region() or amortised(self.ctx):
             return
         mask = node.args[1].value
         confidence = mask_confidence(self.ctx, mask) or (

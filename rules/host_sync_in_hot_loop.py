@@ -195,6 +195,27 @@ class HostSyncInHotLoop(Rule):
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
                 ".format(", "log", "add_scalar", "add_histogram", "numpy(", "math.")
     examples = [
+        Valid(  # read only when the caller's flag says so, and the flag is set every 100 steps
+            """
+            import torch
+
+            def update(model, batch, optimizer, log_details):
+                loss = model(batch.cuda(non_blocking=True)).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if log_details:
+                    print("loss", loss.item())
+
+            def train(model, loader, optimizer):
+                for step, batch in enumerate(loader):
+                    if step % 100 == 0:
+                        details = True
+                    else:
+                        details = False
+                    update(model, batch, optimizer, details)
+            """
+        ),
         Valid(  # Python numbers and NumPy values are not syncs
             """
             import torch

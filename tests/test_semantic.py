@@ -187,6 +187,20 @@ def test_a_binding_in_the_if_branch_does_not_reach_the_else_branch() -> None:
     assert in_else == ["param"]  # `self.head(state)`: the argument, untouched
 
 
+def test_a_flag_set_every_n_steps_throttles_the_callee_branch_it_gates() -> None:
+    sources = {
+        "train.py": "from learner import update\n\ndef train(loader, model, opt):\n"
+                    "    for step, batch in enumerate(loader):\n        show = step % 100 == 0\n"
+                    "        update(model, batch, opt, show)\n",
+        "learner.py": "def update(model, batch, opt, visualise):\n    loss = model(batch).mean()\n"
+                      "    loss.backward()\n    opt.step()\n    if visualise:\n        print(loss.item())\n",
+    }
+    markers = CallGraph(sources).by_file()["learner.py"]
+    assert "update#throttle-flag:visualise" in markers
+    every_step = dict(sources, **{"train.py": sources["train.py"].replace("step % 100 == 0", "step >= 0")})
+    assert "update#throttle-flag:visualise" not in CallGraph(every_step).by_file()["learner.py"]
+
+
 def test_rollout_loop_kind_is_hot_kind() -> None:
     assert HotKind.ROLLOUT.value == "rollout" and HotKind.CALLEE.value == "called-per-step"
 

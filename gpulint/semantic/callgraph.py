@@ -124,6 +124,8 @@ class FunctionSummary:
     reads_params: set[str] = field(default_factory=set)
     cpu_defaults: tuple[tuple[int, str], ...] = ()  # (position, name) of parameters defaulting to the CPU
     builds: tuple[str, ...] = ()  # program classes it returns instances of (`def create_diffusion(): return Spaced(...)`)
+    # names set from a throttling test (`vis = step % k == 0`, `if step % k == 0: vis = True else: vis = False`)
+    throttle_flags: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -301,6 +303,13 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
     return vocab.throttles(names - every, has_modulo)
 
 
+def _flags_set(body: list[ast.stmt], value: bool) -> set[str]:
+    """Names a branch sets to the constant `value` (`vis_result = True`)."""
+    return {target.id for statement in body if isinstance(statement, ast.Assign)
+            and isinstance(statement.value, ast.Constant) and statement.value.value is value
+            for target in statement.targets if isinstance(target, ast.Name)}
+
+
 def _integer_constants(tree: ast.Module) -> dict[str, int]:
     """Integers a file fixes by name: module-level `log_interval = 1`, `parser.add_argument("--policy-delay",
     default=2)` (read as `policy_delay`); a name assigned twice is not a constant."""
@@ -396,6 +405,8 @@ class _Summariser:
         if isinstance(node, ast.If):
             self._scan_expressions([node.test], fn, loops, throttled)
             gated = throttled or _throttling(node.test, self.constants)
+            if gated and not throttled:
+                fn.throttle_flags |= _flags_set(node.body, True) & _flags_set(node.orelse, False)
             # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
             self._visit_block(node.body, fn, loops, gated or bool(loops) and _leaves(node.body), owner)
             # the `else:` of a throttling test runs the other times: usually (`if args.render: ... else: train`)
@@ -427,6 +438,9 @@ class _Summariser:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
                     fn.copies.setdefault(name, []).append(source)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, (ast.Compare, ast.BoolOp)) and _throttling(node.value, self.constants):
+            fn.throttle_flags.add(node.targets[0].id)  # `vis = step % config.vis_interval == 0`
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and isinstance(node.value, (ast.BinOp, ast.UnaryOp)):
             fn.operands.setdefault(node.targets[0].id, set()).update(
@@ -1648,7 +1662,8 @@ class CallGraph:
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
         parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`,
         one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
-        `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`,
+        `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`, one whose parameter
+        its callers pass a flag set every N steps (`vis_result = step % k == 0`) `<function key>#throttle-flag:<name>`,
         one whose result every caller only reads back to the host `<function key>#returns-read-back` (and, in its
         callers, `<caller key>#evaluates-read-back:<name>`: the callee is judged where it runs the network)."""
         found: dict[str, dict[str, Frequency]] = {}
@@ -1718,6 +1733,13 @@ class CallGraph:
                                    for key, callee in zip(resolved, callees)):
                                 found.setdefault(path, {})[f"{fn.key}#reads-argument:{site.target[-1]}:{slot}"] = \
                                     Frequency.ONCE
+                    for slot, name in site.passed:  # `update(batch, vis_result)` with `vis_result = step % k == 0`
+                        if name in fn.throttle_flags:
+                            for (callee_path, callee_key), callee in zip(resolved, callees):
+                                parameter = self._slot_parameter((callee_path, callee_key), site, slot)
+                                if parameter is not None:
+                                    found.setdefault(callee_path, {})[
+                                        f"{callee_key}#throttle-flag:{parameter}"] = Frequency.ONCE
                     helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
                     if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE

@@ -874,7 +874,8 @@ def amortised(ctx: RuleContext) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
             return False
         if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
-            if every_n_steps(ctx.analysis, node.test) and not _trains(node.body):
+            if (every_n_steps(ctx.analysis, node.test) or _throttle_flag(ctx, node.test, ancestors[:index])) \
+                    and not _trains(node.body):
                 return True  # (a branch that trains, `if step % train_freq == 0: ...; loss.backward()`, is the step)
             if isinstance(node.test, cst.Comparison) and any(isinstance(c.operator, cst.NotIn)
                                                               for c in node.test.comparisons):
@@ -888,6 +889,20 @@ def amortised(ctx: RuleContext) -> bool:
 
 
 _MEMOISING = {"lru_cache", "cache", "cached_property", "memoize", "memoized"}
+
+
+def _throttle_flag(ctx: RuleContext, test: cst.BaseExpression, ancestors: list[cst.CSTNode]) -> bool:
+    """`if vis_result:` where `vis_result = step % k == 0` here, or is a parameter its callers pass such a flag
+    (the call graph's `#throttle-flag:` marker)."""
+    if not isinstance(test, cst.Name):
+        return False
+    bindings = ctx.analysis.reaching_bindings(test.value, ancestors)
+    if any(b.kind is BindingKind.ASSIGN and b.value is not None and every_n_steps(ctx.analysis, b.value)
+           for b in bindings):
+        return True
+    function = next((n for n in reversed(ancestors) if isinstance(n, cst.FunctionDef)), None)
+    return function is not None and \
+        f"{ctx.analysis.key_of(function)}#throttle-flag:{test.value}" in ctx.analysis.program_keys
 
 
 def _trains(block: cst.CSTNode) -> bool:
