@@ -644,10 +644,14 @@ class EvalWithoutNoGrad(Rule):
         body = self.ctx.code(node.body)
         readers = self._host_readers(key)  # `to_np(q)`: a program helper reading its argument back to the host
         keeps_log_prob = bool(re.search(r"\blog_prob", body)) and _keeps_log_prob_graph(flow, node, readers)
-        if calls and _NEEDS_GRAD.search(body) and not keeps_log_prob:
+        # gradients needed here, or in what it calls (`update_params(optim, loss)` backpropagating in a helper)
+        # (or its caller backpropagates what it returns: `loss, q = self.calculate_loss(...)`)
+        trains = _NEEDS_GRAD.search(body) is not None or f"{key}#trains" in self.ctx.analysis.program_keys \
+            or f"{key}#returns-trained" in self.ctx.analysis.program_keys
+        if calls and trains and not keeps_log_prob:
             self._check_acting_calls(node, node)  # acting and training in one function: judge each call
             return
-        if not calls or _NEEDS_GRAD.search(body) or keeps_log_prob:
+        if not calls or trains or keeps_log_prob:
             return  # no network, gradients needed, REINFORCE keeps log-probs with their graph
         if readers:
             calls = [c for c in calls if _read_back(node, c, readers)]
@@ -660,8 +664,6 @@ class EvalWithoutNoGrad(Rule):
             return
         returns_graph = _returns_graph(node, calls) and not readers \
             and f"{key}#returns-read-back" not in self.ctx.analysis.program_keys  # every caller reads it back
-        if returns_graph and f"{key}#returns-trained" in self.ctx.analysis.program_keys:
-            return  # `loss = self.compute_loss(...)` then backpropagated by its caller: training, not acting
         self._reported_functions.add(id(node))
         spelled, imports = self.ctx.spell("torch.no_grad")
         decorator = cst.Decorator(decorator=cst.parse_expression(f"{spelled}()"))

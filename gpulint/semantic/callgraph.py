@@ -434,6 +434,8 @@ class _Summariser:
             self._record_result(node, fn, bool(loops))
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self._binding[id(node.value)] = node.targets[0].id
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.IfExp):
+            self._record_instance(node)
         elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
@@ -628,16 +630,17 @@ class _Summariser:
                         fn.rebound_in_loops.add(name)
 
     def _record_instance(self, node: ast.Assign | ast.AnnAssign) -> None:
-        built = _constructed_class(node.value)
-        if built is None:
-            return
+        value = node.value
+        # `self.memory = PrioritizedMemory(...) if use_per else Memory(...)`: either class
+        options = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets:
-            name = _dotted(target)
-            if name is not None:
-                classes = self.file.instances.setdefault(name, [])
-                if built not in classes:  # `if acktr: self.opt = KFAC(...) else: self.opt = optim.RMSprop(...)`
-                    classes.append(built)
+        for built in filter(None, map(_constructed_class, options)):
+            for target in targets:
+                name = _dotted(target)
+                if name is not None:
+                    classes = self.file.instances.setdefault(name, [])
+                    if built not in classes:  # `if acktr: self.opt = KFAC(...) else: self.opt = optim.RMSprop(...)`
+                        classes.append(built)
 
 
 _HOST_CONSTRUCTORS = frozenset({"from_numpy", "tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor",
