@@ -201,6 +201,16 @@ def test_a_flag_set_every_n_steps_throttles_the_callee_branch_it_gates() -> None
     assert "update#throttle-flag:visualise" not in CallGraph(every_step).by_file()["learner.py"]
 
 
+def test_a_generator_that_re_yields_its_argument_is_seen_through() -> None:
+    from gpulint.semantic.loaders import iterated_expressions
+    program = Path(__file__).parent / "data" / "semantic" / "logging_generator"
+    markers = CallGraph(_sources(program)).by_file()["train.py"]
+    assert "train_one_epoch#yields-argument:logged:0" in markers  # `progress.logged(loader, header=...)`
+    loop = cst.parse_expression('enumerate(progress.logged(loader, header="train"))')
+    assert [cst.Module([]).code_for_node(n) for n in iterated_expressions(loop, {"logged": 0})] == ["loader"]
+    assert [cst.Module([]).code_for_node(n) for n in iterated_expressions(loop)] != ["loader"]
+
+
 def test_rollout_loop_kind_is_hot_kind() -> None:
     assert HotKind.ROLLOUT.value == "rollout" and HotKind.CALLEE.value == "called-per-step"
 

@@ -104,6 +104,10 @@ class FunctionSummary:
     # local names (or `self.x`) bound to a call's result, with the tuple element taken (`a, b = f()`)
     results: dict[str, list[tuple[tuple[str, ...], int | None]]] = field(default_factory=dict)
     loop_reads: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (loop id, what it iterates)
+    # loops over a program call's result: (loop id, call target, positional arguments' sources), resolved once the
+    # program is known (`for it, batch in enumerate(logger.log_every(loader, 10))`: a generator yielding `loader`'s)
+    call_loops: list[tuple[int, tuple[str, ...], tuple[tuple[tuple[str, ...], ...], ...]]] = field(default_factory=list)
+    yields_parameter: str | None = None  # a generator re-yielding a parameter's items (`for x in it: ...; yield x`)
     # loop id -> the names its `for` target binds to the items (`for i, (x, y) in enumerate(loader)` -> x, y)
     loop_targets: dict[int, tuple[str, ...]] = field(default_factory=dict)
     copies: dict[str, list[str]] = field(default_factory=dict)  # `self.loader = loader`: target -> sources
@@ -143,6 +147,7 @@ class FileSummary:
     step_loops: set[int] = field(default_factory=set)  # ids of loops that do a training step themselves
     nested_loops: set[int] = field(default_factory=set)  # ids of loops inside another loop of their function
     collate_functions: set[str] = field(default_factory=set)  # names passed as a DataLoader's `collate_fn`
+    collate_scopes: dict[str, str] = field(default_factory=dict)  # such a name -> the function that passes it
     device_collate: bool = False  # a DataLoader's `collate_fn` is bound to a device (`partial(collate, device=d)`)
     # (function name, keyword or position) of the arguments calls pass by keyword or position, `partial`'s included
     arguments_passed: set[tuple[str, str | int]] = field(default_factory=set)
@@ -233,6 +238,34 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
         iterable = iterable.value
     name = _dotted(iterable)
     return [("value", name)] if name else []
+
+
+def _iterated_call(iterable: ast.expr) -> tuple[str, list[ast.expr]] | None:
+    """The program call a loop iterates, through `enumerate`/`tqdm`-style wrappers: (dotted callee, its positional
+    arguments)."""
+    while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in _ITERATING_WRAPPERS \
+            and iterable.args:
+        iterable = iterable.args[0]
+    if not isinstance(iterable, ast.Call) or (dotted := _dotted(iterable.func)) is None:
+        return None
+    return dotted, [arg for arg in iterable.args if not isinstance(arg, ast.Starred)]
+
+
+def _yielded_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> str | None:
+    """`def log_every(self, iterable, n): for obj in iterable: ...; yield obj`: the parameter whose items it yields."""
+    for loop in pyast.walk(node):
+        if not isinstance(loop, ast.For):
+            continue
+        iterated = loop.iter  # `for i, obj in enumerate(iterable)`: still `iterable`'s items
+        while isinstance(iterated, ast.Call) and vocab.last_part(_dotted(iterated.func)) in _ITERATING_WRAPPERS \
+                and iterated.args:
+            iterated = iterated.args[0]
+        items = {n.id for n in pyast.walk(loop.target) if isinstance(n, ast.Name)}
+        if isinstance(iterated, ast.Name) and iterated.id in params and any(
+                isinstance(n, ast.Yield) and isinstance(n.value, ast.Name) and n.value.id in items
+                for n in pyast.walk(loop)):
+            return iterated.id
+    return None
 
 
 _READ_BACK_ATTRIBUTES = frozenset({"detach", "cpu", "numpy", "item", "tolist", "data"})
@@ -389,6 +422,9 @@ class _Summariser:
                 self.file.step_loops.add(id(node))
             if isinstance(node, (ast.For, ast.AsyncFor)):
                 fn.loop_reads.extend((id(node), source) for source in _loop_sources(node.iter))
+                if (called := _iterated_call(node.iter)) is not None:
+                    fn.call_loops.append((id(node), _call_target(called[0]),
+                                          tuple(tuple(_loop_sources(arg)) for arg in called[1])))
                 fn.loop_targets[id(node)] = _item_names(node)
             if loops:
                 self.file.nested_loops.add(id(node))
@@ -494,7 +530,7 @@ class _Summariser:
             if vocab.last_part(dotted) == "compile" and call.args and isinstance(call.args[0], ast.Name):
                 self.file.compiled.add(call.args[0].id)
             if vocab.last_part(dotted) == "DataLoader":
-                self._record_collate(call)
+                self._record_collate(call, fn)
             self._record_arguments(dotted, call)
             target = _call_target(dotted)
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
@@ -536,6 +572,7 @@ class _Summariser:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
         summary.abstract = _is_abstract(node)
+        summary.yields_parameter = _yielded_parameter(node, data_params)
         summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
@@ -584,7 +621,7 @@ class _Summariser:
         function = vocab.last_part(_dotted(call.args[0])) if call.args else None
         self.file.partials[targets[0].id] = (function, any(k.arg == "device" for k in call.keywords))
 
-    def _record_collate(self, loader: ast.Call) -> None:
+    def _record_collate(self, loader: ast.Call, fn: FunctionSummary) -> None:
         collate = next((k.value for k in loader.keywords if k.arg == "collate_fn"), None)
         if collate is None and len(loader.args) > 6:
             collate = loader.args[6]  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate)
@@ -595,6 +632,7 @@ class _Summariser:
             self.file.device_collate |= _moves_to_device([collate.body])
         elif collate is not None and (name := vocab.last_part(_dotted(collate))):
             self.file.collate_functions.add(name)
+            self.file.collate_scopes.setdefault(name, fn.key)  # (a closure: `def collate_fn(b): ...` beside it)
 
     def _is_module(self, class_name: str, depth: int = 0) -> bool:
         bases = self.file.classes.get(class_name, [])
@@ -871,9 +909,11 @@ class CallGraph:
         self._passed_in: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
         self._loop_verdicts: dict[tuple[str, str], dict[int, tuple[bool, bool, bool, bool]]] = {}
         self._objects_in: dict[tuple[str, str, str], list[str]] = {}
+        self._reads_cache: dict[tuple[str, str], list[tuple[int, tuple[str, ...]]]] = {}
         self._passed_in = self._functions_passed_in()
         self._objects_in = self._objects_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions and objects were known
+        self._reads_cache.clear()
         self._propagate()
 
     # -- resolution ------------------------------------------------------------------------------
@@ -1146,6 +1186,29 @@ class CallGraph:
                 if found:
                     return found
         return []
+
+    def _loop_reads(self, path: str, fn: FunctionSummary) -> list[tuple[int, tuple[str, ...]]]:
+        """What the function's loops iterate, also through a program generator that re-yields an argument's items
+        (`for it, x in enumerate(metric_logger.log_every(data_loader, 10))` iterates `data_loader`)."""
+        key = (path, fn.key)
+        if key not in self._reads_cache:
+            reads = list(fn.loop_reads)
+            for loop, target, arguments in fn.call_loops:
+                for position in self._yielded_positions(path, fn, target):
+                    if position < len(arguments):
+                        reads.extend((loop, source) for source in arguments[position])
+            self._reads_cache[key] = reads
+        return self._reads_cache[key]
+
+    def _yielded_positions(self, path: str, fn: FunctionSummary, target: tuple[str, ...]) -> list[int]:
+        """Positions of the call's arguments whose items the called generator re-yields (`self` not counted)."""
+        positions = []
+        for callee_path, callee_key in self.resolve(path, fn, target):
+            callee = self.files[callee_path].functions[callee_key]
+            params = callee.params[1:] if callee.class_name is not None and target[0] != "name" else callee.params
+            if callee.yields_parameter in params:
+                positions.append(params.index(callee.yields_parameter))
+        return positions
 
     def _functions_passed_in(self) -> dict[tuple[str, str, str], list[tuple[str, str]]]:
         """(callee path, callee key, parameter) -> the program functions callers pass for it by name:
@@ -1442,7 +1505,7 @@ class CallGraph:
         (`for x, y in train_loader:`), through a parameter of a function that does (`train(model, loader)`, in
         any file), or through an attribute that another method of the class iterates (`self.loader = loader`)."""
         seeds = {(path, fn.key, source[1]) for path, summary in self.files.items()
-                 for fn in summary.functions.values() for loop, source in fn.loop_reads
+                 for fn in summary.functions.values() for loop, source in self._loop_reads(path, fn)
                  if source[0] == "value" and self._is_training_loop(path, fn, loop)}
         return self._through_calls(seeds)[0]
 
@@ -1459,7 +1522,7 @@ class CallGraph:
             for path, summary in self.files.items():
                 for fn in summary.functions.values():
                     batch_loops = set() if path in device_fed else {
-                        loop for loop, source in fn.loop_reads
+                        loop for loop, source in self._loop_reads(path, fn)
                         if loop in summary.loader_loops or source[0] == "value"
                         and self._feeds(path, summary, fn, source[1], feeding)}
                     for site in fn.sites:
@@ -1510,8 +1573,9 @@ class CallGraph:
             module = summary.functions["<module>"]
             for name in summary.collate_functions:
                 function = summary.partials.get(name, (name, False))[0]
+                scope = summary.functions.get(summary.collate_scopes.get(name, "<module>"), module)
                 if function:
-                    found.update(self.resolve(path, module, ("name", function)))
+                    found.update(self.resolve(path, scope, ("name", function)))
         return found
 
     def _fed_device_batches(self) -> set[str]:
@@ -1548,13 +1612,13 @@ class CallGraph:
         ...: evaluate(model, val_loader)`), or, for a module-level loader, by a function the program repeats
         (`def train(epoch): for b in train_loader`). A loader built anew on each pass is not."""
         once = {(path, fn.key, source[1]) for path, summary in self.files.items()
-                for fn in summary.functions.values() for loop, source in fn.loop_reads if source[0] == "value"}
+                for fn in summary.functions.values() for loop, source in self._loop_reads(path, fn) if source[0] == "value"}
         repeated = {(path, fn.key, source[1]) for path, summary in self.files.items()
-                    for fn in summary.functions.values() for loop, source in fn.loop_reads
+                    for fn in summary.functions.values() for loop, source in self._loop_reads(path, fn)
                     if source[0] == "value" and loop in summary.nested_loops and source[1] not in fn.rebound_in_loops}
         # an attribute iterated by a method the program repeats (`self.loader` in `train_epoch`) persists
         repeated |= {(path, fn.key, source[1]) for path, summary in self.files.items()
-                     for fn in summary.functions.values() for loop, source in fn.loop_reads
+                     for fn in summary.functions.values() for loop, source in self._loop_reads(path, fn)
                      if source[0] == "value" and source[1].startswith("self.") and source[1] not in fn.results
                      and self.frequency.get((path, fn.key), Frequency.ONCE) >= Frequency.PER_ITERATION}
         once, repeated = self._through_calls(once, repeated)
@@ -1636,7 +1700,7 @@ class CallGraph:
                                 if self._feeds(path, summary, fn, name, feeding)
                                 and not (kind == "epoch" and name in fn.rebound_in_loops)]
                     if kind == "training":
-                        returned.append([(source[1:], None) for loop, source in fn.loop_reads
+                        returned.append([(source[1:], None) for loop, source in self._loop_reads(path, fn)
                                          if source[0] == "call" and self._is_training_loop(path, fn, loop)])
                     for target, index in (pair for calls in returned for pair in calls):
                         for callee_path, callee_key in self.resolve(path, fn, target):
@@ -1667,7 +1731,9 @@ class CallGraph:
         one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
         `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`, one whose parameter
         its callers pass a flag set every N steps (`vis_result = step % k == 0`) `<function key>#throttle-flag:<name>`,
-        one whose result every caller only reads back to the host `<function key>#returns-read-back` (and, in its
+        one looping over a program generator that re-yields an argument's items `<function key>#yields-argument:
+        <callee name>:<position>`, one whose result every caller only reads back to the host
+        `<function key>#returns-read-back` (and, in its
         callers, `<caller key>#evaluates-read-back:<name>`: the callee is judged where it runs the network)."""
         found: dict[str, dict[str, Frequency]] = {}
         for (path, key), frequency in self.frequency.items():
@@ -1746,6 +1812,12 @@ class CallGraph:
                     helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
                     if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
+        for path, summary in self.files.items():  # `for b in logger.log_every(loader, 10)`: re-yields `loader`'s items
+            for fn in summary.functions.values():
+                for _, target, _ in fn.call_loops:
+                    for position in self._yielded_positions(path, fn, target):
+                        found.setdefault(path, {})[f"{fn.key}#yields-argument:{target[-1]}:{position}"] = \
+                            Frequency.ONCE
         for path, key in self._rare:
             found.setdefault(path, {})[f"{key}#rare"] = Frequency.ONCE
         for path, key in self._rare_rollout:

@@ -53,15 +53,18 @@ def checkable_loader_call(ctx, call: cst.Call) -> bool:
         and ctx.targets_cuda()
 
 
-def iterated_expressions(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """What a loop really iterates: `enumerate(tqdm(loader))` -> [loader]; `zip(a, b)` -> [a, b]."""
+def iterated_expressions(node: cst.BaseExpression, yielders: dict[str, int] | None = None) -> list[cst.BaseExpression]:
+    """What a loop really iterates: `enumerate(tqdm(loader))` -> [loader]; `zip(a, b)` -> [a, b]; with `yielders`
+    (program generators re-yielding an argument: name -> position), `logger.log_every(loader, 10)` -> [loader]."""
     if isinstance(node, cst.Call):
         last = (dotted_name(node.func) or "").rsplit(".", 1)[-1]
         positional = [a.value for a in node.args if a.keyword is None and not a.star]
         if last == "zip":
-            return [inner for value in positional for inner in iterated_expressions(value)]
+            return [inner for value in positional for inner in iterated_expressions(value, yielders)]
         if last in _ITER_WRAPPERS and positional:
-            return iterated_expressions(positional[0])
+            return iterated_expressions(positional[0], yielders)
+        if yielders and last in yielders and yielders[last] < len(positional):
+            return iterated_expressions(positional[yielders[last]], yielders)
     return [node]
 
 
@@ -114,6 +117,9 @@ class LoaderFlow(PerFileFacts):
 
     def __init__(self, analysis: FileAnalysis) -> None:
         super().__init__(analysis)
+        # the program's generators that re-yield an argument's items (the call graph's `#yields-argument:` markers)
+        self.yielders = {name: int(position) for key in analysis.program_keys if "#yields-argument:" in key
+                         for name, _, position in [key.split("#yields-argument:", 1)[1].rpartition(":")]}
         self.parents: dict[int, cst.CSTNode] = {}
         self.loops: list[cst.CSTNode] = []
         self.assigns: list[cst.CSTNode] = []
@@ -210,7 +216,7 @@ class LoaderFlow(PerFileFacts):
     def _keys(self, node: cst.BaseExpression) -> list[tuple]:
         """The carrier keys `_is_carrier` would test for `node`."""
         keys = []
-        for inner in iterated_expressions(node):
+        for inner in iterated_expressions(node, self.yielders):
             inner = _strip_subscript(inner)
             if isinstance(inner, cst.Name):
                 keys.append(("n", self.scope_of_use(inner.value, inner), inner.value))
@@ -262,7 +268,7 @@ class LoaderFlow(PerFileFacts):
         return sorted({entry[1] for key in carriers.added for entry in index.get(key, ()) if entry[0] == kind})
 
     def _is_carrier(self, node: cst.BaseExpression, carriers: _Carriers) -> bool:
-        for inner in iterated_expressions(node):
+        for inner in iterated_expressions(node, self.yielders):
             inner = _strip_subscript(inner)
             if isinstance(inner, cst.Name) and (self.scope_of_use(inner.value, inner), inner.value) in carriers.names:
                 return True
@@ -469,7 +475,8 @@ class LoaderFlow(PerFileFacts):
             params = {p.name.value for p in [*function.params.posonly_params, *function.params.params,
                                              *function.params.kwonly_params]}
             via_parameter = isinstance(loop, (cst.For, cst.CompFor)) and any(
-                isinstance(inner, cst.Name) and inner.value in params for inner in iterated_expressions(loop.iter))
+                isinstance(inner, cst.Name) and inner.value in params
+                for inner in iterated_expressions(loop.iter, self.yielders))
             # the function iterating the loader is itself called inside a loop (one level)
             for site in self.calls_to(function.name.value):
                 if (via_parameter and not any(
