@@ -19,7 +19,7 @@ from gpulint.semantic.placement import (
     last_name,
     on_error_path,
 )
-from gpulint.semantic.vocab import ENV_METHODS, SYNCHRONIZE_CALLS
+from gpulint.semantic.vocab import ENV_METHODS, SYNCHRONIZE_CALLS, TIMER_READS
 
 
 def _unconditional(block: cst.BaseSuite) -> list[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
@@ -141,9 +141,10 @@ class HostSyncInHotLoop(Rule):
     uses are `torch.distributed` collectives (`t = torch.tensor(flag, device=d)`, `dist.all_reduce(t)`,
     `bool(t.item())`): agreeing across ranks needs the value on the device for NCCL and back on the host for
     the decision. Tensors made on the CPU by a factory without `device=` (`torch.rand(1)`,
-    `torch.empty(1).uniform_(a, b)`) are not GPU values either. A loop whose body calls
-    `torch.cuda.synchronize()` on every iteration (timing code, directly or through a name bound to it) already
-    waits for the GPU each step, so its reads cost nothing more and are not reported.
+    `torch.empty(1).uniform_(a, b)`) are not GPU values either. A loop that times its steps (it reads a clock
+    and calls `torch.cuda.synchronize()` on every iteration, directly or through a name bound to it) already
+    waits for the GPU each step, so its reads cost nothing more and are not reported; a synchronize that times
+    nothing is GPU073's finding, and the reads beside it are reported (they still wait once it goes).
 
     ## Why is this slow
     The host must wait for every queued kernel before it can read a GPU value, so each such call drains the
@@ -305,6 +306,21 @@ class HostSyncInHotLoop(Rule):
                 optimizer.step()
                 synchronize()
                 meter.update(loss.item(), time.time() - t0)
+            """
+        ),
+        Invalid(  # a synchronize that times nothing (GPU073): the reads around it wait for the GPU all the same
+            """
+            import math
+            import torch
+            for images, _ in loader:
+                loss = criterion(model(images.cuda(non_blocking=True)))
+                if not math.isfinite(loss.item()):  # error: GPU005
+                    raise SystemExit("loss diverged")
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                torch.cuda.synchronize()
+                meter.update(loss=loss.item())  # error: GPU005
             """
         ),
         Valid(  # PackedSequence.batch_sizes always lives on the CPU
@@ -634,7 +650,7 @@ class HostSyncInHotLoop(Rule):
             return None  # already read every N steps, as the message advises; a test's assertion is its purpose
         loop = self._innermost_loop()
         if loop is not None and self._synchronizes_every_iteration(loop):
-            return None  # the host already waits for the GPU each iteration: this read adds no wait
+            return None  # the host already waits for the GPU each iteration (to time it): this read adds no wait
         if kind is not None:
             if self.ctx.in_no_grad_function() and kind is not HotKind.ROLLOUT:
                 return Severity.INFO  # an evaluation function; inference per move or per simulation is the hot path
@@ -655,9 +671,12 @@ class HostSyncInHotLoop(Rule):
         return None
 
     def _synchronizes_every_iteration(self, loop: cst.For | cst.While) -> bool:
+        """The loop synchronizes on every iteration to time its steps (a clock is read in it). A synchronize that
+        times nothing is GPU073's finding: once it goes, this read is the iteration's wait."""
         key = id(loop)
         if key not in self._synchronizing_loops:
-            self._synchronizing_loops[key] = any(self._synchronizes(s) for s in _unconditional(loop.body))
+            self._synchronizing_loops[key] = any(self._synchronizes(s) for s in _unconditional(loop.body)) and any(
+                isinstance(n, cst.Call) and self.ctx.qualname(n.func) in TIMER_READS for n in walk(loop.body))
         return self._synchronizing_loops[key]
 
     def _synchronizes(self, statement: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> bool:

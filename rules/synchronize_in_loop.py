@@ -7,15 +7,12 @@ import libcst as cst
 from gpulint import Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import child_nodes, dotted_name, method_name, walk
 from gpulint.semantic.frequency import gated
-from gpulint.semantic.vocab import SYNCHRONIZE_CALLS
+from gpulint.semantic.vocab import SYNCHRONIZE_CALLS, TIMER_READS
 
 _TIMING = re.compile(r"\b(time|perf_counter|perf_counter_ns|monotonic|monotonic_ns|process_time|time_ns|"
                      r"default_timer|timeit|elapsed_time|Event|record|tic|toc|timer|Timer|elapsed|stopwatch)\b")
 _TOOL_PATH = re.compile(r"(^|[\\/_])(bench\w*|benchmarks?|profil\w*)(\.py$|[\\/_])", re.I)
 _WINDOW = 3  # statements either side that count as "adjacent"
-# Reading a clock: what a synchronize before it makes accurate.
-_TIMER_READS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
-                "time.monotonic_ns", "timeit.default_timer"}
 _CONDITIONAL = (cst.If, cst.IfExp, cst.For, cst.While, cst.ExceptHandler, cst.BooleanOperation, cst.CompFor)
 
 
@@ -161,7 +158,7 @@ class SynchronizeInLoop(Rule):
             and (dotted_name(node.func.value) or "").endswith(("current_stream", "default_stream")))
 
     def _is_timer_read(self, node: cst.Call) -> bool:
-        return self.ctx.analysis.call_qualname(node) in _TIMER_READS or method_name(node) == "elapsed_time"
+        return self.ctx.analysis.call_qualname(node) in TIMER_READS or method_name(node) == "elapsed_time"
 
     def _timer_read_follows(self, sync: cst.Call) -> bool:
         """A clock read (`time.time()`, `time.perf_counter()`, `event.elapsed_time(...)`) later in the same loop

@@ -83,3 +83,6 @@ def every_step(divisor: int | None) -> bool:
 
 
 SYNCHRONIZE_CALLS = {"torch.cuda.synchronize", "torch.accelerator.synchronize"}
+# Reading a clock: what a synchronize before it makes accurate.
+TIMER_READS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+               "time.monotonic_ns", "timeit.default_timer"}
