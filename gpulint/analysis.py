@@ -50,6 +50,8 @@ def string_value(node: cst.BaseExpression | None) -> str | None:
     if isinstance(node, cst.ConcatenatedString):
         left, right = string_value(node.left), string_value(node.right)
         return None if left is None or right is None else left + right
+    if isinstance(node, cst.FormattedString) and all(isinstance(p, cst.FormattedStringText) for p in node.parts):
+        return "".join(p.value for p in node.parts)  # `f"b h i d, b h j d -> b h i j"`: no placeholder
     return None
 
 

@@ -106,6 +106,19 @@ class ManualAttention(Rule):
             w = torch.softmax(q @ k.transpose(-2, -1), dim=1) @ v
             """
         ),
+        Invalid(  # einops-style specs, also written as f-strings without placeholders (no rewrite: the scale
+            # is an attribute, maybe a tensor)
+            """
+            import torch
+            from torch import einsum
+
+            class Attention(torch.nn.Module):
+                def forward(self, q, k, v):
+                    sim = einsum(f"b h i d, b h j d -> b h i j", q, k) * self.scale  # error: GPU030
+                    attn = sim.softmax(dim=-1)
+                    return einsum(f"b h i j, b h j d -> b h i d", attn, v)
+            """
+        ),
         Invalid(
             """
             import math
