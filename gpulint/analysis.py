@@ -897,6 +897,16 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.call_frequency[id(fn)] = frequency
         if f"{a.function_key.get(id(fn), '')}#rare-rollout" in called:
             a.evaluation_rollout.add(id(fn))
+    # a method without a loop of its own that runs the class's training steps (`def update(self, batch, step):
+    # ...; self.update_critic(...); self.update_actor(...)`) runs once per training step too
+    direct_steps = {r.node.name.value for r in regions if isinstance(r.node, cst.FunctionDef)
+                    and r.backward and r.optimizer_step and not r.has_loop}
+    for region in regions:
+        fn = region.node
+        if isinstance(fn, cst.FunctionDef) and not region.has_loop and id(fn) not in a.hot \
+                and region.self_calls & direct_steps:
+            a.hot[id(fn)] = HotKind.STEP_FUNCTION
+            step_functions.add(fn.name.value)
     # loops around a training-step loop run once per iteration (PPO's `for iteration` loop: collect, bootstrap
     # value, update, log), however many network calls sit directly in them; a loop around an environment loop
     # may still be hot (a tree search's simulation loop steps a game copy in its selection loop)

@@ -323,6 +323,33 @@ class HostSyncInHotLoop(Rule):
                 meter.update(loss=loss.item())  # error: GPU005
             """
         ),
+        Invalid(  # a method running the class's update steps is a step itself; a helper moving each item of a
+            # batch to the device gives device tensors
+            """
+            import torch
+
+            def to_torch(xs, device):
+                return tuple(torch.as_tensor(x, device=device) for x in xs)
+
+            class Agent:
+                def __init__(self, critic, device="cuda"):
+                    self.device = device
+                    self.critic = critic.to(device)
+                    self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=1e-4, fused=True)
+
+                def update_critic(self, obs, reward):
+                    loss = (self.critic(obs) - reward).pow(2).mean()
+                    self.critic_opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.critic_opt.step()
+
+                def update(self, replay_iter):
+                    obs, reward = to_torch(next(replay_iter), self.device)
+                    metrics = {"batch_reward": reward.mean().item()}  # error: GPU005
+                    self.update_critic(obs, reward)
+                    return metrics
+            """
+        ),
         Valid(  # PackedSequence.batch_sizes always lives on the CPU
             """
             import torch

@@ -578,7 +578,7 @@ class _Summariser:
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
         # from the calls the walk above collected (its own, nested definitions left out)
         summary.moves_to_device = any(site.target[-1] in ("to", "cuda") for site in summary.sites)
-        if returns and data_params and not summary.loops:
+        if returns and data_params and not summary.loops and not summary.uploads:
             summary.tensor_helper = _computes_on_arguments(summary, data_params, returns, assigns,
                                                            class_name is not None and self._is_module(class_name))
             if summary.tensor_helper:
@@ -812,7 +812,17 @@ def _builds_on_host(value: ast.expr) -> bool:
 
 
 def _is_upload(value: ast.expr, params: set[str]) -> bool:
-    """`torch.from_numpy(x).float().to(device)`, `torch.tensor(x, device=d)` with `x` (or `np.asarray(x)`) a parameter."""
+    """`torch.from_numpy(x).float().to(device)`, `torch.tensor(x, device=d)` with `x` (or `np.asarray(x)`) a parameter;
+    also each item of one (`tuple(torch.as_tensor(x, device=d) for x in xs)`) or several (`return a.to(d), b.to(d)`)."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("tuple", "list") \
+            and len(value.args) == 1:
+        value = value.args[0]
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)) and len(value.generators) == 1:
+        generator = value.generators[0]
+        return isinstance(generator.iter, ast.Name) and generator.iter.id in params and _is_upload(
+            value.elt, {n.id for n in pyast.walk(generator.target) if isinstance(n, ast.Name)})
+    if isinstance(value, (ast.Tuple, ast.List)):
+        return bool(value.elts) and all(_is_upload(element, params) for element in value.elts)
     if not isinstance(value, ast.Call):
         return False
     source: ast.expr = value

@@ -455,6 +455,8 @@ class Placement:
             return self.of(node.args[0].value, depth + 1, before)
         if qual.startswith("torch."):
             return self._torch_call(node, qual, depth, before)
+        if self._call_marked(node, "uploads"):
+            return DEVICE  # `obs, reward = utils.to_torch(batch, device)`: a helper moving its argument to a device
         if self._calls_tensor_helper(node):
             if isinstance(node.func, cst.Attribute) and self.ev.is_module(node.func.value):
                 return self._module_call(node, depth, before)  # `self.prediction(h)`: the network's own method
@@ -488,11 +490,15 @@ class Placement:
     def _calls_tensor_helper(self, node: cst.Call) -> bool:
         """A program function that computes its result from its arguments with tensor ops (`#same-device:`
         marker of the call graph): `value = logits_to_expected_value(value, n)` keeps `value` where it was."""
+        return self._call_marked(node, "same-device")
+
+    def _call_marked(self, node: cst.Call, marker: str) -> bool:
+        """The call graph marks this call's callee, as the enclosing function calls it (`<key>#<marker>:<name>`)."""
         called = last_name(node.func)
         if not called or not self.a.program_keys:
             return False
         key = self.a.key_of(self.ctx.enclosing(cst.FunctionDef))
-        return f"{key}#same-device:{called}" in self.a.program_keys
+        return f"{key}#{marker}:{called}" in self.a.program_keys
 
     def _torch_call(self, node: cst.Call, qual: str, depth: int, before: int | None) -> str | None:
         last = qual.rsplit(".", 1)[-1]
