@@ -8,7 +8,7 @@ from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions, program_index, program_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import FP64, always_low_precision, in_code, runs_on_cuda, training_entry_anchor
+from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda, training_entry_anchor
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -193,41 +193,6 @@ class Tf32NotEnabled(Rule):
                 main()
             """,
         ),
-        Invalid(  # mixed precision only behind an opt-in switch, off by default: the default run is fp32
-            """
-            import argparse
-            import torch
-
-            parser = argparse.ArgumentParser()
-            parser.add_argument("--amp", action="store_true", help="train in fp16 with a GradScaler")
-            args = parser.parse_args()
-            model = Net().cuda()
-            scaler = torch.amp.GradScaler("cuda", enabled=args.amp)
-            for x, y in loader:  # error: GPU020
-                with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp):
-                    loss = model(x.cuda()).sum()
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            """,
-            fixed="""
-            import argparse
-            import torch
-            torch.set_float32_matmul_precision("high")
-
-            parser = argparse.ArgumentParser()
-            parser.add_argument("--amp", action="store_true", help="train in fp16 with a GradScaler")
-            args = parser.parse_args()
-            model = Net().cuda()
-            scaler = torch.amp.GradScaler("cuda", enabled=args.amp)
-            for x, y in loader:  # error: GPU020
-                with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp):
-                    loss = model(x.cuda()).sum()
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            """,
-        ),
         Invalid(  # the program already uses the new API (for cuDNN): the fix stays in that family
             """
             import torch as t
@@ -280,9 +245,7 @@ class Tf32NotEnabled(Rule):
         if not runs_on_cuda(ctx, texts):
             return
         # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
-        # low precision only behind an opt-in switch (`--fp16`, off by default) leaves the default run in fp32
-        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, FP64) for text in joined) \
-                or any(always_low_precision(text) for text in joined):
+        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64) for text in joined):
             return
         work = work_per_step(texts)
         if work is not None and not work.convolutional and not work.recurrent:

@@ -255,68 +255,6 @@ def in_code(pattern: re.Pattern, text: str) -> bool:
     return any(not any(start <= at < end for start, end in _comment_and_docstring_spans(text)) for at in matches)
 
 
-_PRECISION_SWITCH = re.compile(r"fp16|bf16|amp|half|mixed|precision|autocast|apex", re.I)
-
-
-@lru_cache(maxsize=1 << 12)
-def always_low_precision(text: str) -> bool:
-    """Is there low precision (`LOW_PRECISION`) in the code of `text` that runs whatever the options say? Not when
-    every use sits behind an opt-in switch: the argument that defines it, `use_fp16=False` defaults, the
-    `if args.fp16:` blocks (and their tests), `enabled=args.amp`, `x.half() if fp16 else x`, and imports."""
-    if not in_code(LOW_PRECISION, text):
-        return False
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return True
-    optional: set[int] = set()
-
-    def span(node: ast.AST) -> None:
-        optional.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-
-    def switch(test: ast.AST) -> bool:
-        return any(_PRECISION_SWITCH.search(n.id if isinstance(n, ast.Name) else n.attr)
-                   for n in ast.walk(test) if isinstance(n, (ast.Name, ast.Attribute)))
-
-    def off(value: ast.AST | None) -> bool:
-        return isinstance(value, ast.Constant) and value.value in (False, None)
-
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.IfExp)) and switch(node.test):
-            span(node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            span(node)
-        elif isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            keywords = {k.arg: k.value for k in node.keywords if k.arg}
-            if name == "add_argument":  # defining an option runs nothing (`--fp16`, `help="... fp16 ..."`)
-                span(node)
-            elif "enabled" in keywords and not (isinstance(keywords["enabled"], ast.Constant)
-                                                and keywords["enabled"].value is True):
-                span(node)
-            for keyword in node.keywords:
-                if keyword.arg and _PRECISION_SWITCH.search(keyword.arg) and off(keyword.value):
-                    span(keyword)
-        elif isinstance(node, ast.arguments):
-            defaults = list(zip(node.args[len(node.args) - len(node.defaults):], node.defaults)) + [
-                (a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
-            for argument, default in defaults:
-                if _PRECISION_SWITCH.search(argument.arg) and off(default):
-                    span(argument)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and off(node.value) and switch(
-                node.targets[0] if isinstance(node, ast.Assign) else node.target):
-            span(node)
-        elif isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values):
-                if isinstance(key, ast.Constant) and isinstance(key.value, str) \
-                        and _PRECISION_SWITCH.search(key.value) and off(value):
-                    span(key)
-    spans = _comment_and_docstring_spans(text)
-    return any(text.count("\n", 0, match.start()) + 1 not in optional
-               for match in LOW_PRECISION.finditer(text)
-               if not any(start <= match.start() < end for start, end in spans))
-
-
 @lru_cache(maxsize=256)
 def _comment_and_docstring_spans(text: str) -> tuple[tuple[int, int], ...]:
     """Character spans of the comments and of the strings that stand alone as statements."""
