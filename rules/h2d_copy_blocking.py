@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name
+from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import TENSOR, Placement, amortised
@@ -57,6 +57,18 @@ class H2dCopyBlocking(Rule):
     priority = "P1"
     triggers = (".to(", ".cuda(", ".type(")
     examples = [
+        Valid(  # read back on the next line: the host waits for the copied data anyway, nothing to overlap
+            """
+            import numpy as np
+            import torch
+            for step, batch in enumerate(loader):
+                loss = model(batch.to("cuda", non_blocking=True)).mean()
+                loss.backward()
+                optimizer.step()
+                predicted = torch.from_numpy(np.array(values)).to("cuda")
+                priorities = (predicted - target).abs().cpu().numpy()
+            """
+        ),
         Valid(  # an inference wrapper: its forward runs under no_grad, never in a training step
             """
             import numpy as np
@@ -373,7 +385,33 @@ class H2dCopyBlocking(Rule):
                 return  # `.to(torch.float16)`, `.to(dtype)`, `.to(half)` with `half = torch.bfloat16`: a cast
             if evidence.device_of(target.value) is Device.CPU or _names_cpu(target.value):
                 return
+        if self._read_back_next(node):
+            return  # the host waits for the copied data a statement later: nothing to overlap
         self.report(node, replacement=add_keyword(node, "non_blocking", "True"))
+
+    def _read_back_next(self, node: cst.Call) -> bool:
+        """`x = torch.from_numpy(a).to(d)` followed, within the next two statements, by a read back to the host of
+        something computed from `x` (`loss_fn(x, y).cpu().numpy()`)."""
+        ancestors = self.ctx.ancestors
+        index = next((i for i in range(len(ancestors) - 1, -1, -1)
+                      if isinstance(ancestors[i], cst.SimpleStatementLine)), None)
+        if index is None or index == 0 or not isinstance(ancestors[index - 1], cst.IndentedBlock):
+            return False
+        statement, block = ancestors[index], ancestors[index - 1]
+        assigned = {target.target.value for small in statement.body if isinstance(small, cst.Assign)
+                    for target in small.targets if isinstance(target.target, cst.Name)}
+        if not assigned:
+            return False
+        position = next(i for i, s in enumerate(block.body) if s is statement)
+        for following in block.body[position + 1:position + 3]:
+            for call in walk(following):
+                if isinstance(call, cst.Call) and method_name(call) in _READS and isinstance(call.func, cst.Attribute) \
+                        and any(isinstance(n, cst.Name) and n.value in assigned for n in walk(call.func.value)):
+                    return True
+        return False
+
+
+_READS = frozenset({"cpu", "item", "numpy", "tolist"})  # reads that make the host wait for the value
 
 
 def _cuda_type_name(qualified: str) -> bool:

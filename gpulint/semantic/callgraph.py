@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import enum
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Callable, TypeVar
 from pathlib import PurePosixPath
@@ -80,6 +80,7 @@ class CallSite:
     # (keyword or position, dotted name) of attribute arguments: a bound method handed on (`MCTS(net.policy_fn)`)
     references: tuple[tuple[str | int, str], ...] = ()
     read_back: bool = False  # its result is only read back to the host (`f(s).detach().cpu().numpy()`)
+    guards: tuple[str, ...] = ()  # names tested bare by the `if`s around it in its function (`if vis_result:`)
 
     @property
     def loop(self) -> int:
@@ -378,6 +379,7 @@ class _Summariser:
         self._bound_sites: dict[int, list[tuple[str, int]]] = {}
         self._read_counts: dict[int, dict[str, int]] = {}
         self._binding: dict[int, str] = {}  # id(call) -> the plain name its statement binds its result to
+        self._guards: list[str] = []  # bare names tested by the `if`s around the statement being summarised
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
         self._mark_read_back(tree, self.module_fn)
@@ -444,7 +446,9 @@ class _Summariser:
             if gated and not throttled:
                 fn.throttle_flags |= _flags_set(node.body, True) & _flags_set(node.orelse, False)
             # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
+            self._guards.extend([node.test.id] if isinstance(node.test, ast.Name) else [])
             self._visit_block(node.body, fn, loops, gated or bool(loops) and _leaves(node.body), owner)
+            del self._guards[len(self._guards) - isinstance(node.test, ast.Name):]
             # the `else:` of a throttling test runs the other times: usually (`if args.render: ... else: train`)
             self._visit_block(node.orelse, fn, loops, throttled or bool(loops) and _leaves(node.orelse), owner)
             return
@@ -540,7 +544,7 @@ class _Summariser:
             references = tuple((slot, dotted) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
-                                     id(call) in read_back))
+                                     id(call) in read_back, tuple(self._guards)))
             if (bound := self._binding.get(id(call))) is not None:
                 self._bound_sites.setdefault(id(fn), []).append((bound, len(fn.sites) - 1))
             if not loops and not throttled:
@@ -871,10 +875,27 @@ def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> Fil
     summariser = _Summariser(path, tree, module_classes)
     summary = summariser.file
     summary.functions["<module>"] = summariser.module_fn
+    _throttle_flagged_branches(summary)
     for name in summary.compiled:
         if name in summary.functions:
             summary.functions[name].seed = Frequency.PER_STEP
     return summary
+
+
+def _throttle_flagged_branches(summary: FileSummary) -> None:
+    """Calls under `if vis_result:` in a function of the file whose callers in the file pass it a flag set every N
+    steps (`update_weights(..., vis_result)` with `vis_result = step % k == 0`) run every N steps: throttled."""
+    flagged: dict[str, set[str]] = {}
+    for fn in summary.functions.values():
+        for site in fn.sites:
+            callee = summary.functions.get(site.target[1]) if site.target[0] == "name" else None
+            for slot, name in site.passed:
+                if callee is not None and name in fn.throttle_flags:
+                    parameter = callee.params[slot] if isinstance(slot, int) and slot < len(callee.params) else slot
+                    flagged.setdefault(callee.key, set()).add(str(parameter))
+    for key, parameters in flagged.items():
+        fn = summary.functions[key]
+        fn.sites = [replace(site, throttled=True) if set(site.guards) & parameters else site for site in fn.sites]
 
 
 def _module_names(path: str) -> list[str]:
