@@ -246,7 +246,7 @@ def in_cpu_self_test(ctx) -> bool:
         mentions(PLACEMENT_TEXT, text) for text in reach_texts(ctx).values())
 
 
-def program_texts(ctx, in_main_guard: bool) -> dict[str, str]:
+def site_program_texts(ctx, in_main_guard: bool) -> dict[str, str]:
     """The files of the program that runs code of the current file: `related_texts`, except for the `__main__` block
     of a module other files import (a self-test or demo run as a script of its own): the file and what it imports."""
     if in_main_guard and program_index(ctx).importers(ctx.path):

@@ -6,7 +6,7 @@ from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import TENSOR_FACTORIES, Evidence, child_nodes, dotted_name, method_name, walk
 from gpulint.network_size import network_size, small_work_per_step, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import current_text, linked_texts, mentions, program_texts, reach_texts
+from gpulint.program import current_text, linked_texts, mentions, reach_texts, site_program_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
 from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda
@@ -314,7 +314,7 @@ class NoAutocast(Rule):
         self._pinned_old = torch_pinned_below(self.ctx.path, (1, 10))
         self._half_with_autocast()
         guard = self.ctx.analysis.main_guard
-        texts = program_texts(self.ctx, in_main_guard=guard is not None and all(
+        texts = site_program_texts(self.ctx, in_main_guard=guard is not None and all(
             any(a is guard for a in self._region_ancestors[id(region)]) for region in self._regions))
         joined = list(texts.values())
         if not runs_on_cuda(self.ctx, texts):

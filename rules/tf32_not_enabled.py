@@ -6,7 +6,7 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import dotted_name, walk
 from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
-from gpulint.program import mentions, program_index, program_texts
+from gpulint.program import mentions, program_index, site_program_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda, training_entry_anchor
 
@@ -240,7 +240,7 @@ class Tf32NotEnabled(Rule):
         pinned_before_tf32 = torch_pinned_below(ctx.path, (1, 7))
         if not pinned_before_tf32 and torch_pinned_below(ctx.path, (1, 12)):
             return
-        texts = program_texts(ctx, in_main_guard=anchor is ctx.analysis.main_guard)
+        texts = site_program_texts(ctx, in_main_guard=anchor is ctx.analysis.main_guard)
         joined = list(texts.values())
         if not runs_on_cuda(ctx, texts):
             return
