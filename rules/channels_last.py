@@ -5,7 +5,7 @@ from functools import lru_cache
 
 import libcst as cst
 
-from gpulint import Invalid, Rule, Safety, Severity, Valid
+from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT, call_arg, string_value
 from gpulint.program import mentions
 from gpulint.rule import is_test_path
@@ -90,6 +90,18 @@ class ChannelsLast(Rule):
                 optimizer.step()
             """
         ),
+        Valid(  # inference in a self-play rollout (one position per environment): not the training step
+            """
+            import torch
+            import torch.nn as nn
+            model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3)).cuda()
+            obs = env.reset()
+            for move in range(10_000):
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+                    policy = model(torch.as_tensor(obs, device="cuda")[None])
+                obs, reward, done, _ = env.step(int(policy.argmax()))
+            """
+        ),
         Invalid(
             """
             import torch
@@ -111,6 +123,8 @@ class ChannelsLast(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         if self._done or self.ctx.qualname(node.func) not in _AUTOCAST or not self.ctx.in_hot_region():
             return
+        if self.ctx.hot_kind() is HotKind.ROLLOUT:
+            return  # acting or tree search: small inference batches, not the training step the advice is about
         if not isinstance(self.ctx.parent(), cst.WithItem):
             return
         enabled = call_arg(node, "enabled")
