@@ -428,4 +428,3 @@ def test_a_search_reached_through_a_parameter_is_hot_despite_a_test_mock(tmp_pat
     result = run([str(tmp_path)], [rule_by_code(c) for c in ("GPU005", "GPU013")], jobs=1)
     found = sorted((Path(d.path).name, d.line, d.code) for d in result.diagnostics)
     assert found == [("model.py", 14, "GPU013"), ("model.py", 17, "GPU005")]
-

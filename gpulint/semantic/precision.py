@@ -12,8 +12,7 @@ import libcst as cst
 
 from gpulint import HotKind
 from gpulint.analysis import CUDA_TEXT_PATTERN, BindingKind, call_arg, walk
-from gpulint.program import PLACEMENT_TEXT, mentions
-from gpulint.program import MAIN_GUARD_TEXT
+from gpulint.program import MAIN_GUARD_TEXT, PLACEMENT_TEXT, mentions
 from gpulint.semantic import pyast
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
@@ -74,6 +73,7 @@ _TF32_TEXT = re.compile(r"allow_tf32|float32_matmul_precision|fp32_precision")
 # CUDA or possibly-CUDA evidence (`torch.accelerator` is CUDA on NVIDIA hosts)
 CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|\.to\(\s*0\s*\)|"""
                         r"""torch\.accelerator\.(is_available|current_accelerator)\(""")
+
 
 def runs_on_cuda(ctx, texts: dict[str, str]) -> bool:
     """Does the program of `texts` (the current file's among them) train on CUDA? CUDA named (or possibly meant)
