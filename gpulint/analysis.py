@@ -876,6 +876,7 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
     rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
     trainers: frozenset[str] = calls.trainer_names if calls else frozenset()
     called = calls.frequencies if calls else {}
+    direct_steps: set[str] = set()  # functions that backpropagate and step an optimizer, outside any loop
     for region in regions:
         fn = region.node
         if not isinstance(fn, cst.FunctionDef):
@@ -888,8 +889,10 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
         if name in a.compiled_names:
             a.hot[id(fn)] = HotKind.COMPILED
-        if (region.backward and region.optimizer_step and not region.has_loop) or (
-                region.any_marker and _STEP_FUNCTION_NAME.match(name)):
+        direct = region.backward and region.optimizer_step and not region.has_loop
+        if direct:
+            direct_steps.add(name)
+        if direct or region.any_marker and _STEP_FUNCTION_NAME.match(name):
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
             step_functions.add(name)
         frequency = called.get(a.function_key.get(id(fn), ""))
@@ -899,8 +902,6 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.evaluation_rollout.add(id(fn))
     # a method without a loop of its own that runs the class's training steps (`def update(self, batch, step):
     # ...; self.update_critic(...); self.update_actor(...)`) runs once per training step too
-    direct_steps = {r.node.name.value for r in regions if isinstance(r.node, cst.FunctionDef)
-                    and r.backward and r.optimizer_step and not r.has_loop}
     for region in regions:
         fn = region.node
         if isinstance(fn, cst.FunctionDef) and not region.has_loop and id(fn) not in a.hot \

@@ -236,22 +236,27 @@ PLACEMENT_TEXT = re.compile(r"\.cuda\(|\.to\(|\bdevice\s*=|set_default_(device|t
                             r"DataParallel|\b(gpus|accelerator|devices)\s*=|\.prepare\(")
 
 
+def _self_test_texts(ctx, in_main_guard: bool) -> dict[str, str] | None:
+    """The `__main__` block of a module other files import runs as a script of its own (a self-test or demo): the
+    file and what it imports. None elsewhere."""
+    if in_main_guard and program_index(ctx).importers(ctx.path):
+        return reach_texts(ctx)
+    return None
+
+
 def in_cpu_self_test(ctx) -> bool:
     """At the current node: inside the `__main__` block of a module other files import, whose own run (the file and
     what it imports) places nothing on a device -- a CPU self-test beside code that runs on the GPU when imported."""
     guard = ctx.analysis.main_guard
-    if guard is None or not any(node is guard for node in ctx.ancestors):
-        return False
-    return bool(program_index(ctx).importers(ctx.path)) and not any(
-        mentions(PLACEMENT_TEXT, text) for text in reach_texts(ctx).values())
+    texts = _self_test_texts(ctx, guard is not None and any(node is guard for node in ctx.ancestors))
+    return texts is not None and not any(mentions(PLACEMENT_TEXT, text) for text in texts.values())
 
 
 def site_program_texts(ctx, in_main_guard: bool) -> dict[str, str]:
-    """The files of the program that runs code of the current file: `related_texts`, except for the `__main__` block
-    of a module other files import (a self-test or demo run as a script of its own): the file and what it imports."""
-    if in_main_guard and program_index(ctx).importers(ctx.path):
-        return reach_texts(ctx)
-    return related_texts(ctx)
+    """The files of the program that runs code of the current file: `related_texts`, or for the `__main__` block of a
+    module other files import, the file and what it imports."""
+    texts = _self_test_texts(ctx, in_main_guard)
+    return related_texts(ctx) if texts is None else texts
 
 
 def linked_texts(ctx) -> dict[str, str]:

@@ -6,7 +6,7 @@ from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.semantic.placement import TENSOR, Placement, amortised
+from gpulint.semantic.placement import READ_BACK_METHODS, TENSOR, Placement, amortised
 
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
@@ -405,13 +405,11 @@ class H2dCopyBlocking(Rule):
         position = next(i for i, s in enumerate(block.body) if s is statement)
         for following in block.body[position + 1:position + 3]:
             for call in walk(following):
-                if isinstance(call, cst.Call) and method_name(call) in _READS and isinstance(call.func, cst.Attribute) \
-                        and any(isinstance(n, cst.Name) and n.value in assigned for n in walk(call.func.value)):
+                if isinstance(call, cst.Call) and method_name(call) in READ_BACK_METHODS \
+                        and isinstance(call.func, cst.Attribute) and any(
+                            isinstance(n, cst.Name) and n.value in assigned for n in walk(call.func.value)):
                     return True
         return False
-
-
-_READS = frozenset({"cpu", "item", "numpy", "tolist"})  # reads that make the host wait for the value
 
 
 def _cuda_type_name(qualified: str) -> bool:

@@ -241,12 +241,18 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
     return [("value", name)] if name else []
 
 
-def _iterated_call(iterable: ast.expr) -> tuple[str, list[ast.expr]] | None:
-    """The program call a loop iterates, through `enumerate`/`tqdm`-style wrappers: (dotted callee, its positional
-    arguments)."""
+def _unwrapped(iterable: ast.expr) -> ast.expr:
+    """What `enumerate(tqdm(x))`-style wrappers iterate: `x`."""
     while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in _ITERATING_WRAPPERS \
             and iterable.args:
         iterable = iterable.args[0]
+    return iterable
+
+
+def _iterated_call(iterable: ast.expr) -> tuple[str, list[ast.expr]] | None:
+    """The program call a loop iterates, through `enumerate`/`tqdm`-style wrappers: (dotted callee, its positional
+    arguments)."""
+    iterable = _unwrapped(iterable)
     if not isinstance(iterable, ast.Call) or (dotted := _dotted(iterable.func)) is None:
         return None
     return dotted, [arg for arg in iterable.args if not isinstance(arg, ast.Starred)]
@@ -257,10 +263,7 @@ def _yielded_parameter(node: ast.FunctionDef | ast.AsyncFunctionDef, params: set
     for loop in pyast.walk(node):
         if not isinstance(loop, ast.For):
             continue
-        iterated = loop.iter  # `for i, obj in enumerate(iterable)`: still `iterable`'s items
-        while isinstance(iterated, ast.Call) and vocab.last_part(_dotted(iterated.func)) in _ITERATING_WRAPPERS \
-                and iterated.args:
-            iterated = iterated.args[0]
+        iterated = _unwrapped(loop.iter)  # `for i, obj in enumerate(iterable)`: still `iterable`'s items
         items = {n.id for n in pyast.walk(loop.target) if isinstance(n, ast.Name)}
         if isinstance(iterated, ast.Name) and iterated.id in params and any(
                 isinstance(n, ast.Yield) and isinstance(n.value, ast.Name) and n.value.id in items
@@ -980,24 +983,30 @@ class CallGraph:
         beside = [c for c in candidates if PurePosixPath(os.path.normpath(c.replace("\\", "/"))).parent == folder]
         return beside[0] if len(beside) == 1 else None
 
-    def _function_in(self, path: str | None, name: str, depth: int = 0) -> list[tuple[str, str]]:
+    def _function_in(self, path: str | None, name: str) -> list[tuple[str, str]]:
         """(path, key) of `name` defined at the top of `path`, following re-exports (`from .x import f`)."""
+        found = self._exported(path, name, lambda summary, n: n in summary.functions)
+        return [found] if found else []
+
+    def _exported(self, path: str | None, name: str, defines: Callable[[FileSummary, str], bool],
+                  depth: int = 0) -> tuple[str, str] | None:
+        """(file, name there) where module `path`'s `name` is defined (`defines`), following its re-exports:
+        `from .a2c_acktr import A2C_ACKTR` in a package's `__init__.py`, `from deep_rl import *` re-exporting
+        `from .misc import *`."""
         if path is None or depth > 4:
-            return []
+            return None
         summary = self.files[path]
-        if name in summary.functions:
-            return [(path, name)]
+        if defines(summary, name):
+            return path, name
         if name in summary.imports:
             level, module, imported = summary.imports[name]
-            if imported is not None:
-                target = self._module_file(path, level, module)
-                return self._function_in(target, imported, depth + 1)
-            return []
-        for level, module in summary.star_imports:  # `from deep_rl import *` re-exporting `from .misc import *`
-            found = self._function_in(self._module_file(path, level, module), name, depth + 1)
+            return None if imported is None else \
+                self._exported(self._module_file(path, level, module), imported, defines, depth + 1)
+        for level, module in summary.star_imports:
+            found = self._exported(self._module_file(path, level, module), name, defines, depth + 1)
             if found:
                 return found
-        return []
+        return None
 
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
         if depth > 6:
@@ -1032,7 +1041,9 @@ class CallGraph:
                 return None
             level, base, name = imported
             qualified = ".".join(part for part in (base, name, module) if part)
-            return self._defining_file(self._module_file(path, level, qualified), class_name)
+            found = self._exported(self._module_file(path, level, qualified), class_name,
+                                   lambda summary, n: n in summary.classes)
+            return found[0] if found and found[1] == class_name else None
         places = [p for p, _ in self._classes.get(class_name, [])]
         if path in places or len(places) <= 1:
             return path if path in places else (places[0] if places else None)
@@ -1043,25 +1054,6 @@ class CallGraph:
             starred = {self._module_file(path, level, module) for level, module in summary.star_imports} & set(places)
             origin = next(iter(starred)) if len(starred) == 1 else None
         return origin if origin in places else None  # several classes of that name elsewhere: do not guess
-
-    def _defining_file(self, module_path: str | None, class_name: str, depth: int = 0) -> str | None:
-        """The file that defines `class_name` as module `module_path` exposes it: itself, or where its re-export
-        (`from .a2c_acktr import A2C_ACKTR` in a package's `__init__.py`, `from .x import *`) leads."""
-        if module_path is None or depth > 4:
-            return None
-        summary = self.files[module_path]
-        if class_name in summary.classes:
-            return module_path
-        if class_name in summary.imports:
-            level, module, imported = summary.imports[class_name]
-            if imported is not None:
-                return self._defining_file(self._module_file(module_path, level, module), imported, depth + 1)
-            return None
-        for level, module in summary.star_imports:
-            found = self._defining_file(self._module_file(module_path, level, module), class_name, depth + 1)
-            if found is not None:
-                return found
-        return None
 
     def _overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
         """`self.pick_action(state)` in a base class: the subclasses' definitions (a template method:
@@ -1236,7 +1228,7 @@ class CallGraph:
         positions = []
         for callee_path, callee_key in self.resolve(path, fn, target):
             callee = self.files[callee_path].functions[callee_key]
-            params = callee.params[1:] if callee.class_name is not None and target[0] != "name" else callee.params
+            params = self._arguments_of(callee, target)
             if callee.yields_parameter in params:
                 positions.append(params.index(callee.yields_parameter))
         return positions
@@ -1276,7 +1268,7 @@ class CallGraph:
         return found
 
     def _slot_parameter(self, callee: tuple[str, str], site: CallSite, slot: str | int) -> str | None:
-        params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site)
+        params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site.target)
         param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
         return param if isinstance(param, str) else None
 
@@ -1307,7 +1299,7 @@ class CallGraph:
                     for callee_path, callee_key in self.resolve(path, fn, site.target):
                         if in_test and not is_test_path(callee_path):
                             continue  # what a test passes (a mock) says nothing of what the program passes
-                        params = self._arguments_of(self.files[callee_path].functions[callee_key], site)
+                        params = self._arguments_of(self.files[callee_path].functions[callee_key], site.target)
                         for slot, value in passed:
                             param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
                             if isinstance(param, str):
@@ -1317,10 +1309,11 @@ class CallGraph:
         return bound
 
     @staticmethod
-    def _arguments_of(callee: FunctionSummary, site: CallSite) -> tuple[str, ...]:
-        """The callee's parameters that a call site's positional arguments fill: a method called on an object, or a
-        class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass `self` itself."""
-        bound = callee.class_name is not None and (site.target[0] != "name" or callee.name == "__init__")
+    def _arguments_of(callee: FunctionSummary, target: tuple[str, ...]) -> tuple[str, ...]:
+        """The callee's parameters that positional arguments fill, as a call naming it `target` makes it: a method
+        called on an object, or a class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass
+        `self` itself."""
+        bound = callee.class_name is not None and (target[0] != "name" or callee.name == "__init__")
         return callee.params[1:] if bound else callee.params
 
     def _env_methods(self) -> list[tuple[str, str]]:

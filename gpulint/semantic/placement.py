@@ -1011,7 +1011,7 @@ def on_error_path(ctx: RuleContext) -> bool:
 _COLLECTIVES = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce",
                 "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "gather", "scatter",
                 "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv"}
-_READ_BACK_METHODS = {"item", "tolist", "cpu"}
+READ_BACK_METHODS = {"item", "tolist", "cpu"}  # calls that wait for the value on the host
 _READ_BACK_BUILTINS = {"bool", "int", "float"}
 _SHAPE_ONLY = {"torch.zeros_like", "torch.empty_like", "torch.ones_like"}
 _SCOPE_INDEX: dict[int, tuple[cst.CSTNode, dict[int, cst.CSTNode], dict[str, list[cst.Name]]]] = {}
@@ -1061,7 +1061,7 @@ def _allowed_use(ctx: RuleContext, name: cst.Name, parents: dict[int, cst.CSTNod
     while isinstance(parents.get(id(node)), cst.Subscript) and parents[id(node)].value is node:  # type: ignore
         node = parents[id(node)]
     parent = parents.get(id(node))
-    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _READ_BACK_METHODS:
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in READ_BACK_METHODS:
         call = parents.get(id(parent))
         return isinstance(call, cst.Call) and call.func is parent and not call.args
     if isinstance(parent, cst.Arg) and parent.value is node:
