@@ -224,6 +224,17 @@ _DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_da
 LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
 
 
+def _mapping_entry(value: cst.BaseExpression | None, keyword: str) -> cst.BaseExpression | None:
+    """`v` of `dict(keyword=v)` or `{"keyword": v}`."""
+    if isinstance(value, cst.Call) and dotted_name(value.func) == "dict":
+        found = call_arg(value, keyword)
+        return found.value if found is not None else None
+    if isinstance(value, cst.Dict):
+        return next((e.value for e in value.elements if isinstance(e, cst.DictElement)
+                     and string_value(e.key) == keyword), None)
+    return None
+
+
 class BindingKind(str, enum.Enum):
     ASSIGN = "assign"  # name = value
     UNPACK = "unpack"  # a, b = value  (value is the whole right-hand side)
@@ -1308,6 +1319,26 @@ class Evidence:
             return found.pop() if len(found) == 1 else None
         return None
 
+    def mapped_argument(self, call: cst.Call, keyword: str) -> cst.BaseExpression | None:
+        """The value a `**mapping` argument passes for `keyword`, where the mapping is a name or `self.` attribute
+        bound only to `dict(keyword=...)` or `{"keyword": ...}` (`x.to(**self.tpdv)` with
+        `self.tpdv = dict(dtype=torch.float32, device=device)`)."""
+        for arg in call.args:
+            if arg.star != "**":
+                continue
+            mapping = arg.value
+            if isinstance(mapping, cst.Name):
+                bindings = self.a.reaching_bindings(mapping.value, self.ancestors)
+            elif isinstance(mapping, cst.Attribute) and isinstance(mapping.value, cst.Name) \
+                    and mapping.value.value == "self" and (info := self.a.enclosing_class(self.ancestors)):
+                bindings = info.attrs.get(mapping.attr.value, [])
+            else:
+                continue
+            entries = [_mapping_entry(b.value, keyword) if b.kind is BindingKind.ASSIGN else None for b in bindings]
+            if len(entries) == 1 and entries[0] is not None:
+                return entries[0]
+        return None
+
     # CPU-source evidence P
     def is_loader(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         if depth > 5:  # (`b = next(it)` <- `it = iter(train_loader)` <- `train_loader = DataLoader(...)`)
@@ -1363,7 +1394,7 @@ class Evidence:
                 return True
             if qual == "ray.get" and node.args:  # what a Ray actor's method returned
                 return self.is_cpu_source(node.args[0].value, depth + 1, before)
-            if self._samples_host_batch(node):
+            if self.samples_host_batch(node):
                 return True
             if qual in ("torch.tensor", "torch.as_tensor") and call_arg(node, "device") is None:
                 data = call_arg(node, "data", 0)
@@ -1411,7 +1442,7 @@ class Evidence:
         function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
         return function is not None and f"{self.a.key_of(function)}#batch-parameter:{parameter}" in self.a.program_keys
 
-    def _samples_host_batch(self, call: cst.Call) -> bool:
+    def samples_host_batch(self, call: cst.Call) -> bool:
         """`memory.sample(batch_size)` (or `buffer.sample.remote(n)` through Ray) where the program's call graph
         resolved the callee to a function returning tensors it built on the host (`#host-batch:` marker)."""
         func = call.func

@@ -37,6 +37,10 @@ _HOST_CHAIN_WRITES = frozenset({"scatter", "index_fill", "masked_fill", "fill_di
 # elementwise functions and methods that keep a CPU tensor on the CPU (a sinusoidal embedding's frequencies)
 _ELEMENTWISE = frozenset(f"torch.{f}" for f in ("exp", "log", "sin", "cos", "sqrt", "rsqrt", "pow", "exp2", "log2",
                                                   "log10", "reciprocal", "sigmoid", "tanh", "abs", "neg", "outer"))
+# calls that give a Python number, an operand that keeps arithmetic on the host
+_NUMBER_CALLS = frozenset({"len", "int", "float", "round", "abs", "min", "max", "torch.distributed.get_rank",
+                           "torch.distributed.get_world_size"})
+_SIZE_METHODS = frozenset({"size", "numel", "dim", "item", "get_rank", "get_world_size"})
 _ELEMENTWISE_METHODS = frozenset({"exp", "log", "sin", "cos", "sqrt", "rsqrt", "pow", "reciprocal", "mul", "div",
                                   "add", "sub", "neg", "abs", "outer"})
 _DEVICE_NAME = re.compile(r"(^|[._])(device|dev|cuda|gpu)$|^(local_)?rank$", re.I)
@@ -437,13 +441,16 @@ class FactoryThenMove(Rule):
         if isinstance(value, cst.BinaryOperation):
             sides = (self._host_operand(value.left, depth + 1), self._host_operand(value.right, depth + 1))
             return False if False in sides else (True if True in sides else None)
+        if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) \
+                and value.value.attr.value == "shape":
+            return None  # `x.shape[0]`: a size
         if not isinstance(value, cst.Call) or any(arg.star for arg in value.args):
             return False
         if self._factory_kind(value) is not None:
             return _placeable(value)
         qual = self.ctx.qualname(value.func) or ""
-        if qual.startswith("math."):
-            return None
+        if qual.startswith("math.") or qual in _NUMBER_CALLS or method_name(value) in _SIZE_METHODS:
+            return None  # a Python number: `N * torch.distributed.get_rank()`, `x.size(0)`
         if qual in _ELEMENTWISE and value.args:
             operands = [self._host_operand(arg.value, depth + 1) for arg in value.args if arg.keyword is None]
             return False if False in operands else (True if True in operands else None)

@@ -373,13 +373,15 @@ class HostDataToDevicePerStep(Rule):
     def __init__(self, ctx) -> None:  # noqa: ANN001 - RuleContext
         super().__init__(ctx)
         self._enabled = ctx.targets_cuda()
-        self._constructs = self._enabled and any(text in current_text(ctx) for text in self.constructors)
+        # (or calls a program function returning tensors it built on the host: `check(obs).to(device)`)
+        self._constructs = self._enabled and (any(text in current_text(ctx) for text in self.constructors)
+                                              or any("#host-batch:" in key for key in ctx.analysis.program_keys))
         # names of uploading helpers this file calls (`step#uploads:tensor` -> `tensor`): usually none
         self._uploaders = {key.rsplit("#uploads:", 1)[1] for key in ctx.analysis.program_keys
                            if "#uploads:" in key} if self._enabled else set()
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not self._enabled or any(arg.star for arg in node.args):
+        if not self._enabled or any(arg.star for arg in node.args) and self._mapped_device(node) is None:
             return
         if self._uploading_helper(node) or not self._constructs:
             return
@@ -429,7 +431,9 @@ class HostDataToDevicePerStep(Rule):
             self.report(node, "Host data turned into a GPU tensor every step, broadcast on the host first: build the "
                               "small tensor on the device (`device=`) and broadcast it there")
             return
-        replacements, imports, note = self._pinned_copy(node, name)
+        # (no fix through a program helper: it may also pass a tensor through, which cannot be pinned)
+        replacements, imports, note = self._pinned_copy(node, name) if self.ctx.qualname(source.func) or "" \
+            .startswith("torch.") else ((), (), None)
         if call_arg(node, "non_blocking") is not None:
             self.report(node, "Host data turned into a GPU tensor every step: `non_blocking=True` cannot overlap a copy "
                               "from freshly allocated pageable memory; copy through a pinned staging buffer, or "
@@ -570,6 +574,8 @@ class HostDataToDevicePerStep(Rule):
             return self._built_this_iteration(node)
         if not isinstance(node, cst.Call):
             return None
+        if self.ctx.evidence.samples_host_batch(node):
+            return node  # a program function returning tensors it builds on the host
         qual = self.ctx.qualname(node.func) or ""
         if not qual.startswith("torch.") or qual.count(".") != 1:
             return None
@@ -633,7 +639,12 @@ class HostDataToDevicePerStep(Rule):
         if name == "cuda":
             return True
         target = call_arg(node, "device", 0)
-        return target is not None and self._device_target(target.value)
+        value = target.value if target is not None else self._mapped_device(node)
+        return value is not None and self._device_target(value)
+
+    def _mapped_device(self, node: cst.Call) -> cst.BaseExpression | None:
+        """The device of `.to(**self.tpdv)`, from the mapping's binding."""
+        return self.ctx.evidence.mapped_argument(node, "device") if method_name(node) == "to" else None
 
     def _device_target(self, node: cst.BaseExpression) -> bool:
         kind = Placement(self.ctx).device_kind(node)

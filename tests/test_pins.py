@@ -133,3 +133,19 @@ def test_precision_findings_name_an_old_pin_instead_of_fixing(tmp_path: Path, pi
     assert found == expected
     notes = [d.note or "" for d in lint_text(PRECISION_TRAIN, str(path), [rule_by_code("GPU023")]).diagnostics]
     assert all("upgrade torch" in note for note in notes) is bool(pin)
+
+
+@pytest.mark.parametrize(("code", "believed"), [
+    ("from torch.cuda.amp import GradScaler, autocast\n", False),  # needs torch 1.6: a 1.4 pin is stale
+    ("import torch\nmodel = torch.compile(model)\n", False),
+    ("import torch\nloader = DataLoader(data, num_workers=4, persistent_workers=True)\n", False),
+    ("try:\n    from torch.cuda.amp import autocast\nexcept ImportError:\n    autocast = None\n", True),  # guarded
+    ("import torch\nif hasattr(torch, 'compile'):\n    model = torch.compile(model)\n", True),
+    ("import torch\nx = torch.zeros(3).cuda()\n", True),  # nothing newer than the pin
+])
+def test_a_pin_older_than_the_code_is_not_believed(tmp_path: Path, code, believed):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "requirements.txt").write_text("pytorch=1.4.0=py3.7_cuda10.1.243_cudnn7.6.3_0\n")
+    (tmp_path / "model.py").write_text(code)
+    (tmp_path / "train.py").write_text("import torch\n")
+    assert torch_pinned_below(str(tmp_path / "train.py"), (1, 7)) is believed

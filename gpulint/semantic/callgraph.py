@@ -119,6 +119,8 @@ class FunctionSummary:
     uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
     downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
     returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
+    # positions of the returned tuple (None: the whole result) holding values it backpropagates (`return loss, acc`)
+    returns_losses: tuple[int | None, ...] = ()
     moves_to_device: bool = False  # calls `.to(...)` or `.cuda()` (a collate function that does delivers device batches)
     # computes its result with tensor ops from its parameters, never reading back or moving (`def normalise(h):
     # return (h - h.min()) / h.max()`): the result lives where the arguments do
@@ -583,6 +585,8 @@ class _Summariser:
         summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
+        if returns and summary.backward_names:
+            summary.returns_losses = _returned_positions(returns, summary.backward_names)
         # from the calls the walk above collected (its own, nested definitions left out)
         summary.moves_to_device = any(site.target[-1] in ("to", "cuda") for site in summary.sites)
         if returns and data_params and not summary.loops and not summary.uploads:
@@ -806,8 +810,22 @@ def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -
     return False
 
 
+def _returned_positions(returned: list[ast.expr], names: set[str]) -> tuple[int | None, ...]:
+    """Where every `return` puts one of `names`: positions in the returned tuple, None for the whole value."""
+    found: set[int | None] | None = None
+    for value in returned:
+        here = {None} if isinstance(value, ast.Name) and value.id in names else {
+            i for i, e in enumerate(value.elts) if isinstance(e, ast.Name) and e.id in names
+        } if isinstance(value, ast.Tuple) else set()
+        found = here if found is None else found & here
+    return tuple(sorted(found or (), key=lambda i: -1 if i is None else i))
+
+
 def _builds_on_host(value: ast.expr) -> bool:
-    """`torch.tensor(x)`, `torch.from_numpy(a).float()`, `torch.FloatTensor(b)`, without `device=`."""
+    """`torch.tensor(x)`, `torch.from_numpy(a).float()`, `torch.FloatTensor(b)`, without `device=`; also a choice
+    between one and a value passed through (`torch.from_numpy(x) if isinstance(x, np.ndarray) else x`)."""
+    if isinstance(value, ast.IfExp):
+        return _builds_on_host(value.body) or _builds_on_host(value.orelse)
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
             and value.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous", "unsqueeze",
                                     "squeeze", "view", "reshape"):
@@ -1748,8 +1766,9 @@ class CallGraph:
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
-        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a tensor
-        helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
+        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a function
+        returning a value it backpropagated `<function key>#loss-result:<name>:<tuple position, or nothing>`, one
+        that calls a tensor helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
         parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`,
         one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
@@ -1820,6 +1839,10 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
+                    for position in set.intersection(*(set(c.returns_losses) for c in callees)) if callees else ():
+                        found.setdefault(path, {})[
+                            f"{fn.key}#loss-result:{site.target[-1]}:{'' if position is None else position}"] = \
+                            Frequency.ONCE
                     if callees and all(callee.reads_params for callee in callees):
                         for slot, _ in site.passed:
                             if all(self._slot_parameter(key, site, slot) in callee.reads_params

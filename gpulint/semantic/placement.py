@@ -143,6 +143,10 @@ class Placement:
         if isinstance(node, cst.Attribute):
             return self._attribute(node, depth, before)
         if isinstance(node, cst.Subscript):
+            stores = subscript_stores(self.ctx.enclosing(cst.FunctionDef) or self.ctx.module)
+            stored = stores.get(self.ctx.code(node)) if stores else None
+            if stored:  # `images[0] = images[0].cuda()`: the element read is what was stored there
+                return combine_alternatives([self.of(value, depth + 1, before) for value in stored])
             if self._is_container(node.value):
                 return None
             return self.of(node.value, depth + 1, before)
@@ -319,6 +323,11 @@ class Placement:
             if positional:
                 target = positional[0]
         if target is None:
+            mapped = self.ev.mapped_argument(call, "device")  # `.to(**self.tpdv)`
+            if mapped is not None:
+                return self.device_kind(mapped)
+            if any(a.star == "**" for a in call.args):
+                return None  # a mapping not read
             return TENSOR  # .to(dtype=...), .to(memory_format=...)
         return self.device_kind(target.value)
 
@@ -379,6 +388,8 @@ class Placement:
                     kinds.append(self.of(value.elements[binding.path[0]].value, depth + 1, binding.order))
                 elif isinstance(value, cst.Call):
                     kind = self.of(value, depth + 1, binding.order)
+                    if kind is None and binding.path and self._call_marked(value, "loss-result", binding.path[0]):
+                        kind = TENSOR  # `loss, acc = self.update(batch)`: a value the callee backpropagated
                     kinds.append(kind if kind in (DEVICE, TENSOR, HOST) else None)
                 else:
                     kinds.append(None)
@@ -457,6 +468,8 @@ class Placement:
             return self._torch_call(node, qual, depth, before)
         if self._call_marked(node, "uploads"):
             return DEVICE  # `obs, reward = utils.to_torch(batch, device)`: a helper moving its argument to a device
+        if self._call_marked(node, "loss-result", ""):
+            return TENSOR  # `loss = self.update(batch)`: the callee backpropagated what it returns
         if self._calls_tensor_helper(node):
             if isinstance(node.func, cst.Attribute) and self.ev.is_module(node.func.value):
                 return self._module_call(node, depth, before)  # `self.prediction(h)`: the network's own method
@@ -492,13 +505,15 @@ class Placement:
         marker of the call graph): `value = logits_to_expected_value(value, n)` keeps `value` where it was."""
         return self._call_marked(node, "same-device")
 
-    def _call_marked(self, node: cst.Call, marker: str) -> bool:
-        """The call graph marks this call's callee, as the enclosing function calls it (`<key>#<marker>:<name>`)."""
+    def _call_marked(self, node: cst.Call, marker: str, detail: int | str | None = None) -> bool:
+        """The call graph marks this call's callee, as the enclosing function calls it (`<key>#<marker>:<name>`, with
+        `:<detail>` when given)."""
         called = last_name(node.func)
         if not called or not self.a.program_keys:
             return False
         key = self.a.key_of(self.ctx.enclosing(cst.FunctionDef))
-        return f"{key}#{marker}:{called}" in self.a.program_keys
+        suffix = "" if detail is None else f":{detail}"
+        return f"{key}#{marker}:{called}{suffix}" in self.a.program_keys
 
     def _torch_call(self, node: cst.Call, qual: str, depth: int, before: int | None) -> str | None:
         last = qual.rsplit(".", 1)[-1]
@@ -830,6 +845,26 @@ def _program_sets_default_device(ctx: RuleContext) -> bool:
 
 
 _CALL_CACHE: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
+_SUBSCRIPT_STORES: dict[int, tuple[cst.CSTNode, dict[str, list[cst.BaseExpression]]]] = {}
+
+
+def subscript_stores(scope: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
+    """Source text of an element target -> the values the scope stores there (`images[0] = images[0].cuda()`),
+    nested definitions left out."""
+    cached = _SUBSCRIPT_STORES.get(id(scope))
+    if cached is not None and cached[0] is scope:
+        return cached[1]
+    found: dict[str, list[cst.BaseExpression]] = {}
+    empty = cst.Module(body=[])
+    for node in walk(scope):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Subscript):
+                    found.setdefault(empty.code_for_node(target.target), []).append(node.value)
+    if len(_SUBSCRIPT_STORES) > 64:
+        _SUBSCRIPT_STORES.clear()
+    _SUBSCRIPT_STORES[id(scope)] = (scope, found)
+    return found
 
 
 def calls_of(root: cst.CSTNode) -> list[cst.Call]:
