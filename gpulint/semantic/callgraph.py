@@ -1722,9 +1722,12 @@ class CallGraph:
         element n of a returned tuple) when what the function returns is iterated by a training loop somewhere
         in the program (`#returns-epoch-data...` when that loop runs once per epoch), and
         `<key>#passes-training-data:<callee>:<slot>` (`#passes-epoch-data:...`) when the function passes a value
-        to a parameter that is."""
+        to a parameter that is; `<key>#passes-iterated-data:<callee>:<slot>` when a loop of the function passes a
+        value to a parameter the callee iterates."""
         markers: dict[str, set[str]] = {}
         trained = self._names_trained_on()
+        iterated = {(path, fn.key, source[1]) for path, summary in self.files.items()
+                    for fn in summary.functions.values() for _, source in self._loop_reads(path, fn) if source[0] == "value"}
         for path, summary in self.files.items():  # `loss = self.compute_loss(...)`, then backpropagated
             for fn in summary.functions.values():
                 for name, calls in fn.results.items():
@@ -1750,10 +1753,17 @@ class CallGraph:
                                 f"{callee_key}#returns-{kind}-data{'' if index is None else index}")
                     for site in fn.sites:
                         for slot, name in site.passed:
-                            if any((*callee, self._parameter(callee, slot)) in feeding
-                                   for callee in self.resolve(path, fn, site.target)):
+                            callees = self.resolve(path, fn, site.target)
+                            if any((*callee, self._parameter(callee, slot)) in feeding for callee in callees):
                                 markers.setdefault(path, set()).add(
                                     f"{fn.key}#passes-{kind}-data:{site.target[-1]}:{slot}")
+                            elif kind == "epoch" and site.loops and name not in fn.rebound_in_loops and any(
+                                    (*callee, self._parameter(callee, slot)) in iterated for callee in callees):
+                                # `for epoch in ...: train_one_epoch(model, train_loader)`: the loop here hands the
+                                # loader, pass after pass, to a function that iterates it (the per-file flow checks
+                                # that its own call is in a loop)
+                                markers.setdefault(path, set()).add(
+                                    f"{fn.key}#passes-iterated-data:{site.target[-1]}:{slot}")
         return markers
 
     def by_file(self) -> dict[str, dict[str, Frequency]]:

@@ -128,8 +128,9 @@ class LoaderFlow(PerFileFacts):
         stack: list[cst.CSTNode] = [analysis.module]
         while stack:
             node = stack.pop()
-            if isinstance(node, (cst.For, cst.While, cst.CompFor)):
-                self.loops.append(node)
+            if isinstance(node, (cst.For, cst.While, cst.CompFor)) or isinstance(node, cst.Yield) and isinstance(
+                    node.value, cst.From):
+                self.loops.append(node)  # (`yield from loader` iterates the loader as a `for` would)
             elif isinstance(node, (cst.Assign, cst.AnnAssign)):
                 self.assigns.append(node)
             elif isinstance(node, cst.Call):
@@ -253,6 +254,8 @@ class LoaderFlow(PerFileFacts):
         for position, loop in enumerate(self.loops):
             if isinstance(loop, (cst.For, cst.CompFor)):
                 add(loop.iter, ("loop", position))
+            elif isinstance(loop, cst.Yield) and isinstance(loop.value, cst.From):
+                add(loop.value.item, ("loop", position))
         for statement in self.returns:
             if isinstance(statement.value, cst.Tuple):
                 for element_index, element in enumerate(statement.value.elements):
@@ -401,6 +404,9 @@ class LoaderFlow(PerFileFacts):
                 if self._program_says(call, f"#passes-{kind}-data:{called}:{slot}"):
                     carriers.fed_elsewhere |= kind == "training"
                     carriers.fed_per_epoch |= kind == "epoch"
+            # `for epoch in ...: train_one_epoch(model, loader)`, the loop over the loader in another file
+            if self._program_says(call, f"#passes-iterated-data:{called}:{slot}") and self._outer_loop(call):
+                carriers.fed_per_epoch = True
         changed = False
         for fn, param in self._params_for(call, arg):
             changed |= carriers.add_name(id(fn), param)

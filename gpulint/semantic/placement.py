@@ -403,9 +403,23 @@ class Placement:
             else:
                 kinds.append(None)
         kind = combine_alternatives(kinds)
-        if kind is None and self._backward_called_on(node.value) and not self._module_like(bindings):
+        if kind is None and (self._backward_called_on(node.value) and not self._module_like(bindings)
+                             or self._tested_as_tensor(node.value)):
             return TENSOR
         return kind
+
+    def _tested_as_tensor(self, name: str) -> bool:
+        """Inside `if isinstance(name, torch.Tensor):` (or `torch.is_tensor(name)`): a tensor, proven by the test."""
+        ancestors = self.ctx.ancestors
+        for index, ancestor in enumerate(ancestors[:-1]):
+            if isinstance(ancestor, cst.If) and ancestors[index + 1] is ancestor.body:
+                test = ancestor.test
+                if isinstance(test, cst.Call) and test.args and isinstance(test.args[0].value, cst.Name) \
+                        and test.args[0].value.value == name and (
+                            self.ctx.qualname(test.func) == "torch.is_tensor" or dotted_name(test.func) == "isinstance"
+                            and len(test.args) == 2 and self.ctx.qualname(test.args[1].value) == "torch.Tensor"):
+                    return True
+        return False
 
     def reaching(self, name: str, before: int | None = None) -> list:
         """Bindings of `name` that reach a point: the last one textually before it, or all when none precede
