@@ -165,8 +165,15 @@ def _layer_width(name: str, dims: list[int]) -> int | None:
     if name in _TWO_SIDED:
         # a GEMM is only as wide as its smallest side: Linear(9216, 128) is a small layer, and
         # Linear(2048, num_classes) is of unknown width
-        return min(dims) if len(dims) == len(_LAYER_ARGS[name]) else None
+        if len(dims) != len(_LAYER_ARGS[name]):
+            return None
+        if name.startswith("Conv") and dims[0] <= _IMAGE_CHANNELS:
+            return None  # the stem reading the image (`Conv2d(3, 64)`) says nothing of the network's width
+        return min(dims)
     return max(dims) if dims else None
+
+
+_IMAGE_CHANNELS = 4  # RGBA at most
 
 
 def _single_constants(tree: ast.AST) -> dict[str, int]:

@@ -94,6 +94,7 @@ class ProgramIndex:
         self._reach: dict[str, frozenset[str]] = {}
         self._related: dict[str, frozenset[str]] = {}
         self.cuda_related: dict[str, bool] = {}  # path -> a related file names CUDA (RuleContext.targets_cuda)
+        self.hogwild: dict[str, bool] = {}  # path -> its program trains shared-memory CPU workers (hogwild_program)
 
     @staticmethod
     def _closest(candidates: list[str], here: tuple[str, ...], module: str) -> list[str]:
@@ -293,6 +294,23 @@ def related_targets_cuda(ctx) -> bool:
     if cached is None:
         cached = index.cuda_related[ctx.path] = any(
             PROGRAM_CUDA_TEXT.search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
+    return cached
+
+
+_SHARES_MEMORY = re.compile(r"\.share_memory\(\)")
+# a network moved to a GPU: `.cuda(`, or `.to(` on a name that says it is a network
+_NETWORK_TO_GPU = re.compile(r"\.cuda\(|\b\w*(model|net|network|policy|actor|critic|agent)\w*\.to\(", re.I)
+
+
+def hogwild_program(ctx) -> bool:
+    """Does the current file's program share a network's memory between CPU workers (`.share_memory()`) and move
+    no network to a GPU? Remembered per file for the run."""
+    index = program_index(ctx)
+    cached = index.hogwild.get(ctx.path)
+    if cached is None:
+        texts = [index.sources.get(path, "") for path in index.related(ctx.path)] + [current_text(ctx)]
+        cached = index.hogwild[ctx.path] = any(mentions(_SHARES_MEMORY, t) for t in texts) and not any(
+            mentions(_NETWORK_TO_GPU, t) for t in texts)
     return cached
 
 

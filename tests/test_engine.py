@@ -173,3 +173,48 @@ def test_files_no_rule_can_match_are_not_parsed_by_libcst(monkeypatch):
     assert lint_text("def helper(a, b):\n    return a + b\n", "util.py", all_rules()).diagnostics == []
     broken = lint_text("def helper(a, b:\n    return a\n", "util.py", all_rules()).diagnostics
     assert [d.code for d in broken] == ["GPU900"]
+
+
+HOGWILD_AGENT = textwrap.dedent("""
+    import torch.multiprocessing as mp
+    from worker import Worker
+
+    def main(net_cls, n_workers):
+        shared = net_cls(){move}
+        shared.share_memory()
+        workers = [Worker(shared, i) for i in range(n_workers)]
+        for w in workers:
+            w.start()
+""")
+HOGWILD_WORKER = textwrap.dedent("""
+    import torch
+    import torch.multiprocessing as mp
+
+    class Worker(mp.Process):
+        def __init__(self, shared, rank):
+            super().__init__()
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.shared = shared
+            self.optimizer = torch.optim.Adam(shared.parameters(), lr=1e-3)
+
+        def run(self):
+            for step in range(100000):
+                state = torch.FloatTensor(self.env.observe()).to(self.device)
+                loss = self.shared(state).sum()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                print(loss.item())
+""")
+
+
+@pytest.mark.parametrize(("move", "findings"), [("", False), (".cuda()", True)])
+def test_hogwild_cpu_workers_get_no_gpu_findings(tmp_path: Path, move: str, findings: bool):
+    """A3C's Hogwild workers train a network in shared memory on the CPU: its `.to(self.device)` copies nothing.
+    Moving the shared network to a GPU makes it a GPU program again."""
+    from gpulint.runner import run
+
+    (tmp_path / "a3c.py").write_text(HOGWILD_AGENT.format(move=move))
+    (tmp_path / "worker.py").write_text(HOGWILD_WORKER)
+    found = run([str(tmp_path)], all_rules(), jobs=1).diagnostics
+    assert bool([d for d in found if d.path.endswith("worker.py")]) is findings

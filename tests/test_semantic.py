@@ -363,3 +363,17 @@ def test_work_estimate_reads_config_dicts() -> None:
             'head = nn.Linear(CONFIG["emb_dim"], CONFIG["vocab_size"])\n')
     work = work_per_step({"gpt.py": text})
     assert work is not None and work.macs == 2 * 256 * 768 * 768 and work.pays
+
+
+def test_work_estimate_ignores_the_stem_conv() -> None:
+    """The stem reads the image (`Conv3d(3, 64)`): its three input channels are not the network's width, so a
+    video ResNet whose other widths are computed is estimated at the default width, where tensor cores pay."""
+    from gpulint.network_size import work_per_step
+    text = ('import torch.nn as nn\n'
+            'parser.add_argument("--batch_size", default=128, type=int)\n'
+            'def stem(n_input_channels=3, planes=64):\n'
+            '    return nn.Conv3d(n_input_channels, planes, kernel_size=7)\n'
+            'def block(inplanes, planes):\n'
+            '    return nn.Conv3d(inplanes, planes, kernel_size=3)\n')
+    work = work_per_step({"resnet.py": text})
+    assert work is not None and work.convolutional and work.pays
