@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import enum
 import os
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Callable, TypeVar
@@ -927,14 +928,20 @@ def _module_names(path: str) -> list[str]:
     return [".".join(parts[start:]) for start in range(len(parts))]
 
 
+_TESTS_TEXT = re.compile(r"^\s*(def test|class Test|import (pytest|unittest)|from (pytest|unittest)\b)", re.M)
+
+
 class CallGraph:
     """Frequencies of the functions of every file of a program, computed once."""
 
     def __init__(self, sources: dict[str, str], module_classes: frozenset[str] = frozenset()) -> None:
         self.files: dict[str, FileSummary] = {}
+        # test files: named like tests and holding tests (`td3_test.py` that trains an agent is the entry script)
+        self._tests = {path for path, text in sources.items() if is_test_path(path) and _TESTS_TEXT.search(text)}
         for path, text in sources.items():
-            if "def " not in text and "for " not in text and not (path.endswith("__init__.py") and "import" in text):
-                continue  # nothing to summarise (a package's __init__ may re-export: `from .misc import *`)
+            if "def " not in text and "for " not in text and "import" not in text:
+                continue  # nothing to summarise (a script with imports may build the program's objects and call
+                # them; a package's __init__ may re-export: `from .misc import *`)
             summary = _summarise_text(path, text, module_classes)
             if summary is not None:
                 self.files[path] = summary
@@ -1172,8 +1179,8 @@ class CallGraph:
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
-        if not is_test_path(path):  # a test's mock (`class MockModel: def predict`) is not what the program runs
-            candidates = [(p, k) for p, k in candidates if not is_test_path(p)]
+        if path not in self._tests:  # a test's mock (`class MockModel: def predict`) is not what the program runs
+            candidates = [(p, k) for p, k in candidates if p not in self._tests]
         if len({(p, k.rsplit('.', 1)[0]) for p, k in candidates}) == 1:
             return candidates
         files = sorted({p for p, _ in candidates})
@@ -1308,14 +1315,14 @@ class CallGraph:
         site, the values of interest with their keyword or position."""
         bound: dict[tuple[str, str, str], list[T]] = {}
         for path, summary in self.files.items():
-            in_test = is_test_path(path)
+            in_test = path in self._tests
             for fn in summary.functions.values():
                 for site in fn.sites:
                     passed = arguments(path, summary, fn, site)
                     if not passed:
                         continue
                     for callee_path, callee_key in self.resolve(path, fn, site.target):
-                        if in_test and not is_test_path(callee_path):
+                        if in_test and callee_path not in self._tests:
                             continue  # what a test passes (a mock) says nothing of what the program passes
                         params = self._arguments_of(self.files[callee_path].functions[callee_key], site.target)
                         for slot, value in passed:
