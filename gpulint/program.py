@@ -298,19 +298,29 @@ def related_targets_cuda(ctx) -> bool:
 
 
 _SHARES_MEMORY = re.compile(r"\.share_memory\(\)")
-# a network moved to a GPU: `.cuda(`, or `.to(` on a name that says it is a network
-_NETWORK_TO_GPU = re.compile(r"\.cuda\(|\b\w*(model|net|network|policy|actor|critic|agent)\w*\.to\(", re.I)
+_PROCESS = re.compile(r"\bProcess\b")  # a worker process: `class Worker(mp.Process)`, `mp.Process(target=...)`
+# a network moved to a GPU: `.cuda(`, a module moving itself (`self.to(...)`), or `.to(` on a name that says it is
+# a network
+_NETWORK_TO_GPU = re.compile(r"\.cuda\(|\bself\.to\(|\b\w*(model|net|network|policy|actor|critic|agent)\w*\.to\(",
+                             re.I)
 
 
 def hogwild_program(ctx) -> bool:
-    """Does the current file's program share a network's memory between CPU workers (`.share_memory()`) and move
-    no network to a GPU? Remembered per file for the run."""
+    """Is the current file part of a Hogwild trainer: it, or a file importing it, shares a network's memory
+    (`.share_memory()`); it names worker processes (or, when it shares the memory itself, a file it imports does);
+    and no file among them and what they import moves a network to a GPU? Remembered per file for the run."""
     index = program_index(ctx)
     cached = index.hogwild.get(ctx.path)
     if cached is None:
-        texts = [index.sources.get(path, "") for path in index.related(ctx.path)] + [current_text(ctx)]
-        cached = index.hogwild[ctx.path] = any(mentions(_SHARES_MEMORY, t) for t in texts) and not any(
-            mentions(_NETWORK_TO_GPU, t) for t in texts)
+        text = current_text(ctx)
+        sharing = [path for path in {ctx.path} | index.importers(ctx.path)
+                   if mentions(_SHARES_MEMORY, text if path == ctx.path else index.sources[path])]
+        imported = {p for path in sharing for p in index.reach(path)} | index.reach(ctx.path)
+        processes = mentions(_PROCESS, text) or ctx.path in sharing and any(
+            mentions(_PROCESS, index.sources[path]) for path in index.reach(ctx.path) if path != ctx.path)
+        cached = index.hogwild[ctx.path] = bool(sharing) and processes and not any(
+            mentions(_NETWORK_TO_GPU, text if path == ctx.path else index.sources[path])
+            for path in imported | {ctx.path})
     return cached
 
 
