@@ -1050,6 +1050,24 @@ class CallGraph:
                 return found
         return []
 
+    def _inherited_instances(self, path: str, class_name: str, receiver: str, depth: int = 0
+                             ) -> list[tuple[str, str]]:
+        """(file, class) of the objects the base classes of `class_name`, in other files, build into `receiver`."""
+        if depth > 6:
+            return []
+        class_path = self._class_file(path, class_name)
+        if class_path is None:
+            return []
+        found: list[tuple[str, str]] = []
+        for base in self.files[class_path].classes.get(_plain_class(class_name), []):
+            base_path = self._class_file(class_path, base)
+            if base_path is None:
+                continue
+            built = self.files[base_path].instances.get(receiver, ())
+            found += [(base_path, cls) for cls in built] if built else self._inherited_instances(
+                class_path, base, receiver, depth + 1)
+        return found
+
     def _class_file(self, path: str, class_name: str) -> str | None:
         """The file defining the program class `class_name` as `path` sees it: its own, the one it imports (also
         through `from common.policies import *`), the only one; None when unknown or several could be meant.
@@ -1158,6 +1176,10 @@ class CallGraph:
                 return self._function_in(target_file, method)
         # `if args.policy == "TD3": policy = TD3.TD3(...) elif ...: policy = DDPG.DDPG(...)`: any of them runs
         found = [m for built in summary.instances.get(receiver, ()) for m in self._method(path, built, method)]
+        if not found and receiver.startswith("self.") and fn.class_name is not None:
+            # `self.memory.sample(n)` in a subclass, `self.memory = ReplayMemory(...)` in the base class's file
+            found = [m for where, built in self._inherited_instances(path, fn.class_name, receiver)
+                     for m in self._method(where, built, method)]
         if found:
             return found
         found = self._factory_method(path, fn, receiver, method)
