@@ -367,7 +367,7 @@ def lint_text(
     program = program or ProgramFacts.of_single_file(path, text, analysis)
     ctx = RuleContext(path, module, analysis, program, rule_options or {})
     if hogwild_program(ctx):  # CPU workers training a shared-memory network: no GPU in the program
-        active = [rule for rule in active if not rule.__module__.startswith(_BUILTIN_RULES)]
+        active = [rule for rule in active if rule.on_cpu_too or not rule.__module__.startswith(_BUILTIN_RULES)]
     instances = [rule(ctx) for rule in active]
     dispatcher = _Dispatcher(instances, ctx, path)
     traverse(module, dispatcher.on_visit, dispatcher.on_leave)

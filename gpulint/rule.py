@@ -124,6 +124,8 @@ class Rule:
     micro_check: ClassVar[MicroCheck | None] = None
     # Substrings of which at least one must occur in a file for this rule to possibly match (cheap skip).
     triggers: ClassVar[tuple[str, ...]] = ()
+    # The waste it finds costs on a CPU too (autograd recording): it also runs on programs that train on CPUs
+    on_cpu_too: ClassVar[bool] = False
     options: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

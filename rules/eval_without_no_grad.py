@@ -181,6 +181,7 @@ class EvalWithoutNoGrad(Rule):
     """
 
     code = "GPU074"
+    on_cpu_too = True  # recording a graph nobody backpropagates costs time and memory on any device
     name = "eval-without-no-grad"
     message = "Evaluation loop runs the model with autograd recording; wrap it in `torch.no_grad()`"
     fix_title = "Run the evaluation under `torch.no_grad()`"
