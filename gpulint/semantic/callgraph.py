@@ -224,6 +224,19 @@ def _call_target(dotted: str) -> tuple[str, ...]:
     return ("attr", ".".join(parts[:-1]), parts[-1])
 
 
+def _started_function(dotted: str, call: ast.Call) -> str | None:
+    """The function a process or thread is started with: `Process(target=f)`, `Thread(target=self.f)`,
+    `mp.spawn(f, ...)`."""
+    last = vocab.last_part(dotted)
+    if last in ("Process", "Thread"):
+        started = next((k.value for k in call.keywords if k.arg == "target"), None)
+    elif last == "spawn" and call.args:
+        started = call.args[0]
+    else:
+        return None
+    return _dotted(started) if started is not None else None
+
+
 # calls that iterate what they are given: `for i, (x, y) in enumerate(tqdm(loader))`
 _ITERATING_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice", "cycle", "track"})
 
@@ -551,6 +564,10 @@ class _Summariser:
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards)))
+            started = _started_function(dotted, call)
+            if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
+                fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
+                                         guards=tuple(self._guards)))
             if (bound := self._binding.get(id(call))) is not None:
                 self._bound_sites.setdefault(id(fn), []).append((bound, len(fn.sites) - 1))
             if not loops and not throttled:
