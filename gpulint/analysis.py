@@ -841,6 +841,8 @@ class _PrePass(cst.CSTVisitor):
             region.network_call = True
         if name == "backward" or qual in _STEP_MARKER_FUNCTIONS:
             region.backward = True
+        elif vocab.steps_with([dotted_name(a.value) for a in node.args if not a.star]):
+            region.backward = region.optimizer_step = True  # `loss_scaler(loss, optimizer)`
         elif name == "step" and isinstance(node.func, cst.Attribute):
             last = (dotted_name(node.func.value) or "").rsplit(".", 1)[-1]
             if _OPTIMIZER_NAME.search(last) or "scaler" in last.lower():

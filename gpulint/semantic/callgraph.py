@@ -82,6 +82,7 @@ class CallSite:
     references: tuple[tuple[str | int, str], ...] = ()
     read_back: bool = False  # its result is only read back to the host (`f(s).detach().cpu().numpy()`)
     guards: tuple[str, ...] = ()  # names tested bare by the `if`s around it in its function (`if vis_result:`)
+    numbers_only: bool = False  # passes only Python numbers (`logger.update(loss=loss.item(), lr=lr)`)
 
     @property
     def loop(self) -> int:
@@ -222,6 +223,39 @@ def _call_target(dotted: str) -> tuple[str, ...]:
     if parts[0] == "self" and len(parts) == 2:
         return ("self", parts[1])
     return ("attr", ".".join(parts[:-1]), parts[-1])
+
+
+def _is_number(value: ast.expr, names: frozenset[str] = frozenset()) -> bool:
+    """A Python number: a literal, `t.item()`, `float(x)`, a learning rate read from `param_groups`, or a name
+    only ever bound to one of these."""
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
+    if isinstance(value, ast.Name):
+        return value.id in names
+    if isinstance(value, ast.Call):
+        return isinstance(value.func, ast.Attribute) and value.func.attr == "item" or isinstance(
+            value.func, ast.Name) and value.func.id in ("float", "int", "round", "len")
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Subscript):  # `opt.param_groups[0]["lr"]`
+        return vocab.last_part(_dotted(value.value.value)) == "param_groups"
+    return False
+
+
+def _number_names(assigns: list[ast.Assign]) -> frozenset[str]:
+    """Names every assignment of which binds a Python number (`loss_value = loss.item()`)."""
+    verdicts: dict[str, bool] = {}
+    for assign in assigns:
+        for target in assign.targets:
+            if isinstance(target, ast.Name):
+                verdicts[target.id] = verdicts.get(target.id, True) and _is_number(assign.value)
+            else:
+                for name in pyast.walk(target):
+                    if isinstance(name, ast.Name):
+                        verdicts[name.id] = False
+    return frozenset(name for name, number in verdicts.items() if number)
+
+
+def _argument_names(call: ast.Call) -> list[str | None]:
+    return [_dotted(a) for a in call.args] + [_dotted(k.value) for k in call.keywords]
 
 
 def _started_function(dotted: str, call: ast.Call) -> str | None:
@@ -399,13 +433,16 @@ class _Summariser:
         self._read_counts: dict[int, dict[str, int]] = {}
         self._binding: dict[int, str] = {}  # id(call) -> the plain name its statement binds its result to
         self._guards: list[str] = []  # bare names tested by the `if`s around the statement being summarised
+        self._number_names: frozenset[str] = frozenset()  # names the function being summarised binds to numbers
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
         self._mark_read_back(tree, self.module_fn)
 
     def _loop_frequency(self, loop: ast.AST, fn: FunctionSummary) -> Frequency:
-        calls = [_dotted(c.func) for c in _calls_outside_nested(loop.body, into_loops=False)]  # type: ignore[attr-defined]
-        if any(vocab.is_training_step_call(d) for d in calls):
+        nodes = _calls_outside_nested(loop.body, into_loops=False)  # type: ignore[attr-defined]
+        calls = [_dotted(c.func) for c in nodes]
+        if any(vocab.is_training_step_call(d) for d in calls) or any(vocab.steps_with(_argument_names(c))
+                                                                     for c in nodes):
             return Frequency.PER_STEP
         if any(vocab.is_env_step(d) for d in calls):
             self.file.env_loops.add(id(loop))
@@ -562,8 +599,10 @@ class _Summariser:
             built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
             references = tuple((slot, dotted) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
+            values = [*call.args, *(k.value for k in call.keywords)]
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
-                                     id(call) in read_back, tuple(self._guards)))
+                                     id(call) in read_back, tuple(self._guards), bool(values) and all(
+                                         _is_number(v, self._number_names) for v in values)))
             started = _started_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
@@ -571,7 +610,7 @@ class _Summariser:
             if (bound := self._binding.get(id(call))) is not None:
                 self._bound_sites.setdefault(id(fn), []).append((bound, len(fn.sites) - 1))
             if not loops and not throttled:
-                if vocab.is_training_step_call(dotted):
+                if vocab.is_training_step_call(dotted) or vocab.steps_with(_argument_names(call)):
                     fn.steps_at_top = True
                 elif vocab.is_env_step(dotted):
                     fn.env_at_top = True
@@ -592,6 +631,7 @@ class _Summariser:
                 summary.seed = Frequency.PER_STEP
         data_params = set(params) - {"self", "cls"}
         returns, assigns = _returns_and_assigns(node)
+        enclosing_numbers, self._number_names = self._number_names, _number_names(assigns)
         if returns:
             summary.returns_host = _returns_host_tensors(returns, assigns)
             summary.builds = tuple(dict.fromkeys(c for r in returns if (c := _constructed_class(r))))
@@ -603,6 +643,7 @@ class _Summariser:
         summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
+        self._number_names = enclosing_numbers
         if returns and summary.backward_names:
             summary.returns_losses = _returned_positions(returns, summary.backward_names)
         # from the calls the walk above collected (its own, nested definitions left out)
@@ -1830,6 +1871,7 @@ class CallGraph:
         one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
         `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`, one whose parameter
         its callers pass a flag set every N steps (`vis_result = step % k == 0`) `<function key>#throttle-flag:<name>`,
+        one every call of which passes only Python numbers `<function key>#numbers-only`,
         one looping over a program generator that re-yields an argument's items `<function key>#yields-argument:
         <callee name>:<position>`, one whose result every caller only reads back to the host
         `<function key>#returns-read-back` (and, in its
@@ -1884,6 +1926,7 @@ class CallGraph:
                     if (fn.name, parameter) in passed or position >= bound and (fn.name, position - bound) in passed:
                         found.setdefault(path, {})[f"{fn.key}#device-passed:{parameter}"] = Frequency.ONCE
         tensor_helpers = self._tensor_helpers()
+        given_numbers: dict[tuple[str, str], bool] = {}  # callee -> every call of it passes only Python numbers
         for path, summary in self.files.items():  # `tensor(batch.state)`, `to_np(q)`: uploading / reading helpers
             for fn in summary.functions.values():
                 for site in fn.sites:
@@ -1895,6 +1938,8 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
+                    for callee in resolved:
+                        given_numbers[callee] = given_numbers.get(callee, True) and site.numbers_only
                     for position in set.intersection(*(set(c.returns_losses) for c in callees)) if callees else ():
                         found.setdefault(path, {})[
                             f"{fn.key}#loss-result:{site.target[-1]}:{'' if position is None else position}"] = \
@@ -1915,6 +1960,9 @@ class CallGraph:
                     helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
                     if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
+        for (path, key), numbers in given_numbers.items():  # `metric_logger.update(loss=loss_value)` everywhere
+            if numbers:
+                found.setdefault(path, {})[f"{key}#numbers-only"] = Frequency.ONCE
         for path, summary in self.files.items():  # `for b in logger.log_every(loader, 10)`: re-yields `loader`'s items
             for fn in summary.functions.values():
                 for _, target, _ in fn.call_loops:

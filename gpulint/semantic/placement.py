@@ -409,7 +409,11 @@ class Placement:
         return kind
 
     def _tested_as_tensor(self, name: str) -> bool:
-        """Inside `if isinstance(name, torch.Tensor):` (or `torch.is_tensor(name)`): a tensor, proven by the test."""
+        """Inside `if isinstance(name, torch.Tensor):` (or `torch.is_tensor(name)`): a tensor, proven by the test;
+        unless every call of the function passes only Python numbers (the branch never runs)."""
+        function = self.ctx.enclosing(cst.FunctionDef)
+        if function is not None and f"{self.a.key_of(function)}#numbers-only" in self.a.program_keys:
+            return False
         ancestors = self.ctx.ancestors
         for index, ancestor in enumerate(ancestors[:-1]):
             if isinstance(ancestor, cst.If) and ancestors[index + 1] is ancestor.body:
@@ -744,6 +748,11 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
             leaves: list[cst.BaseExpression] = []
             _leaf_operands(loss, leaves)
             proven.update(leaf.value for leaf in leaves if isinstance(leaf, cst.Name))
+        elif isinstance(node, cst.Call) and vocab.steps_with(names := [dotted_name(a.value) for a in node.args]):
+            # `loss_scaler(loss, optimizer)`: the loss handed over is backpropagated there
+            losses = {n for n in names if n and "." not in n and vocab.is_loss_value(n)}
+            backward |= losses
+            proven |= losses
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_ONLY_USES:
             proven.add(node.func.value.value)

@@ -55,6 +55,22 @@ def is_training_step_call(dotted: str | None) -> bool:
     return False
 
 
+_LOSS_VALUE = re.compile(r"loss(?!.*(fn|func|function|es|module|class|type)$)", re.I)  # not `loss_fn`
+
+
+def steps_with(arguments: list[str | None]) -> bool:
+    """A call handed both a loss value and an optimizer (`loss_scaler(loss, optimizer, clip_grad=1.0)`, timm's
+    `NativeScaler`; `self.backward_step(total_loss, self.opt)`): it backpropagates and steps the optimizer. (A loss
+    function and an optimizer, `train(model, loss_fn, optimizer)`, make a whole training run instead.)"""
+    names = [last_part(a) for a in arguments if a]
+    return any(map(is_loss_value, names)) and any(OPTIMIZER_NAME.search(n) for n in names)
+
+
+def is_loss_value(name: str) -> bool:
+    """`loss`, `total_loss`, `loss_value`; not `loss_fn`, `losses`."""
+    return bool(_LOSS_VALUE.match(name) or _LOSS_VALUE.search(name) and name.lower().endswith("loss"))
+
+
 def is_env_step(dotted: str | None) -> bool:
     """One step of a host-side environment or game: `env.step(a)`, `self.envs.step(a)`, `game.play(move)`."""
     return last_part(dotted) in ENV_METHODS and bool(ENV_RECEIVER.search(receiver(dotted)))
