@@ -293,8 +293,8 @@ class ManualAttention(Rule):
     def _check(self, anchor: cst.BaseExpression, probs: cst.BaseExpression, value: cst.BaseExpression,
                value_rank: int | None) -> None:
         where = _statement_position(self.ctx.ancestors)
-        if where is None or torch_pinned_below(self.ctx.path, (2, 0)):
-            return  # SDPA arrived in torch 2.0
+        if where is None:
+            return
         stmt_index_in_ancestors, block, final_index = where
         if self._next_to_fused_attention():
             return
@@ -319,6 +319,9 @@ class ManualAttention(Rule):
             return  # the caller gets the weights: SDPA cannot give them
         tracer.check_uses(trace, final, anchor, probs, self.ctx.ancestors[:stmt_index_in_ancestors + 1])
         problems = list(trace.problems)
+        if torch_pinned_below(self.ctx.path, (2, 0)):  # SDPA arrived in torch 2.0
+            problems.append("the project pins torch below 2.0, which has no `scaled_dot_product_attention`: "
+                            "upgrade torch first")
         call, imports, note = None, (), None
         if not problems:
             call, imports, note = self._build_call(trace, value, problems)

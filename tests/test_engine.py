@@ -10,7 +10,7 @@ import pytest
 
 from gpulint.analysis import HotKind, analyze
 from gpulint.engine import lint_text
-from gpulint.registry import SelectorError, all_rules, select_rules
+from gpulint.registry import SelectorError, all_rules, rule_by_code, select_rules
 
 
 def _analysis(code: str):
@@ -218,3 +218,33 @@ def test_hogwild_cpu_workers_get_no_gpu_findings(tmp_path: Path, move: str, find
     (tmp_path / "worker.py").write_text(HOGWILD_WORKER)
     found = run([str(tmp_path)], all_rules(), jobs=1).diagnostics
     assert bool([d for d in found if d.path.endswith("worker.py")]) is findings
+
+
+def test_loader_handed_to_another_files_epoch_function_keeps_its_workers(tmp_path: Path):
+    """The epoch loop hands the loader to `train_one_epoch` in another file; setting the dataset's transform once,
+    before the loop, changes nothing the workers need to re-read: GPU051 still applies."""
+    from gpulint.runner import run
+
+    (tmp_path / "engine.py").write_text(textwrap.dedent("""
+        def train_one_epoch(model, data_loader, optimizer, device):
+            for samples, targets in data_loader:
+                loss = model(samples.to(device, non_blocking=True)).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader
+        from engine import train_one_epoch
+
+        def main(args, dataset, model, augment):
+            device = torch.device("cuda")
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader(dataset, batch_size=64, num_workers=8, pin_memory=True)
+            loader.dataset.transform = augment
+            for epoch in range(args.epochs):
+                train_one_epoch(model, loader, optimizer, device)
+    """))
+    found = run([str(tmp_path)], [rule_by_code("GPU051")], jobs=1).diagnostics
+    assert [(Path(d.path).name, d.line) for d in found] == [("main.py", 9)]

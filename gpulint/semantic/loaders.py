@@ -84,6 +84,8 @@ class _Carriers:
     lightning_train: bool = False  # returned from `train_dataloader()`
     fed_elsewhere: bool = False  # returned to, or passed into, a training loop of another function or file
     fed_per_epoch: bool = False  # returned to, or passed into, code elsewhere that iterates it again and again
+    # loops here that hand it, pass after pass, to a function iterating it (`for epoch ...: train(loader)`)
+    handing_loops: list[cst.CSTNode] = field(default_factory=list)
     added: list[tuple] = field(default_factory=list)  # every key above, in the order it was found (a work list)
 
     def add_name(self, scope: int, name: str) -> bool:
@@ -406,7 +408,7 @@ class LoaderFlow(PerFileFacts):
                     carriers.fed_per_epoch |= kind == "epoch"
             # `for epoch in ...: train_one_epoch(model, loader)`, the loop over the loader in another file
             if self._program_says(call, f"#passes-iterated-data:{called}:{slot}") and self._outer_loop(call):
-                carriers.fed_per_epoch = True
+                carriers.handing_loops.append(self._outer_loop(call))
         changed = False
         for fn, param in self._params_for(call, arg):
             changed |= carriers.add_name(id(fn), param)
@@ -470,6 +472,9 @@ class LoaderFlow(PerFileFacts):
         carriers = self.carriers(call)
         if carriers.fed_per_epoch:
             return self.enclosing_function(call) or self.a.module
+        for loop in carriers.handing_loops:
+            if not self._inside(call, loop):  # (a loader built inside that loop is a new one every pass)
+                return loop
         for loop in self.iterating_loops(carriers):
             outer = self._outer_loop(loop)
             if outer is not None:
