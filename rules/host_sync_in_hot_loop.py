@@ -841,7 +841,8 @@ class HostSyncInHotLoop(Rule):
         for report_node, value, what in candidates:  # type: ignore[misc]
             if severity is Severity.INFO and report_node is node and name in ("cpu", "to", "numpy"):
                 continue  # an evaluation result copied out to be saved or scored: the copy is the output
-            if placement.may_be_on_device(value) and not collective_read_back(self.ctx, value):
+            if (placement.may_be_on_device(value) or what == "`.item()`" and _names_a_loss(value)
+                    and placement.of(value) is None) and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
 
     def _read_by_helper(self, call: cst.Call) -> list[tuple[cst.CSTNode, cst.BaseExpression, str]]:
@@ -1160,3 +1161,19 @@ class _Defer(cst.CSTTransformer):
 
     def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
         return self._with_else(original_node, updated_node)
+
+
+def _names_a_loss(value: cst.BaseExpression) -> bool:
+    """`loss_reduced["d"].mean()`, `losses[k]`: a value of unknown placement that its name says is a loss; in a CUDA
+    training step, `.item()` on it (a tensor method) reads a loss tensor back."""
+    while True:
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args \
+                and value.func.attr.value in ("mean", "sum", "detach", "float", "squeeze"):
+            value = value.func.value
+        elif isinstance(value, cst.Subscript):
+            value = value.value
+        else:
+            break
+    name = last_name(value) or ""
+    return "loss" in name.lower() and not name.lower().endswith(("fn", "func", "function"))
+
