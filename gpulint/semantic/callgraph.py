@@ -933,7 +933,9 @@ def _constructed_class(value: ast.AST | None) -> str | None:
     if not isinstance(value, ast.Call):
         return None
     built = _dotted(value.func)
-    return built if built and vocab.last_part(built)[:1].isupper() else None
+    # (class names are capitalised, or at least hold a capital: `discrete_BCQ.discrete_BCQ(...)`; a function name
+    # that does is only looked up as a class and not found)
+    return built if built and any(c.isupper() for c in vocab.last_part(built)) else None
 
 
 def _plain_class(name: str) -> str:
@@ -1379,15 +1381,42 @@ class CallGraph:
 
     def _objects_passed_in(self) -> dict[tuple[str, str, str], list[str]]:
         """(callee path, callee key, parameter) -> the program classes whose instances callers pass for it, built
-        in the argument (`run_steps(DQNAgent(config))`) or bound to the name passed (`agent = A2CAgent(cfg)`)."""
+        in the argument (`run_steps(DQNAgent(config))`), bound to the name passed (`agent = A2CAgent(cfg)`, also by
+        a factory function: `buffer = utils.ReplayBuffer(...)` returning `StandardBuffer(...)`), or received as a
+        parameter and handed on (`def train_bcq(buffer): policy.train(buffer)`), to a fixed point."""
+        known: dict[tuple[str, str, str], list[str]] = {}
+
         def objects(path: str, summary: FileSummary, fn: FunctionSummary, site: CallSite):
             built = [*site.built, *((slot, cls) for slot, name in (*site.passed, *site.references)
                                     for cls in summary.instances.get(name, ()))]  # `play(self.player)` too
             # named as the caller sees it: `MCTSPlayer` of the module the caller imports, not a namesake beside the
             # callee (`mcts_pure.MCTSPlayer` and `mcts_alphaZero.MCTSPlayer`)
-            located = [(slot, self._class_file(path, cls), cls) for slot, cls in built]
-            return [(slot, f"{where}::{_plain_class(cls)}") for slot, where, cls in located if where is not None]
-        return self._bound_parameters(objects)
+            located = [(slot, located) for slot, cls in built for located in self._located_classes(path, cls)]
+            return located + [(slot, cls) for slot, name in site.passed if name in fn.params
+                              for cls in known.get((path, fn.key, name), ())]
+        for _ in range(MAX_DEPTH):
+            grown = self._bound_parameters(objects)
+            if grown == known:
+                break
+            known = grown
+        return known
+
+    def _located_classes(self, path: str, built: str) -> list[str]:
+        """`<file>::<Class>` of what `built(...)` makes as `path` sees it: the class, or those a factory function of
+        that name returns."""
+        where = self._class_file(path, built)
+        if where is not None:
+            return [f"{where}::{_plain_class(built)}"]
+        module = self.files[path].functions.get("<module>")
+        if module is None or "::" in built:
+            return []
+        found = []
+        for factory_path, factory_key in self.resolve(path, module, _call_target(built)):
+            for cls in self.files[factory_path].functions[factory_key].builds:
+                where = self._class_file(factory_path, cls)
+                if where is not None:
+                    found.append(f"{where}::{_plain_class(cls)}")
+        return found
 
     def _bound_parameters(self, arguments: Callable[[str, FileSummary, FunctionSummary, CallSite], list[tuple[str | int, T]]]
                           ) -> dict[tuple[str, str, str], list[T]]:
