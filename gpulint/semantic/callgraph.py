@@ -397,7 +397,7 @@ def _flags_set(body: list[ast.stmt], value: bool) -> set[str]:
             for target in statement.targets if isinstance(target, ast.Name)}
 
 
-def _integer_constants(tree: ast.Module) -> dict[str, int]:
+def _integer_constants(tree: ast.Module, arguments: bool = True) -> dict[str, int]:
     """Integers a file fixes by name: module-level `log_interval = 1`, `parser.add_argument("--policy-delay",
     default=2)` (read as `policy_delay`); a name assigned twice is not a constant."""
     found: dict[str, int] = {}
@@ -412,7 +412,7 @@ def _integer_constants(tree: ast.Module) -> dict[str, int]:
             elif isinstance(value, ast.Constant) and type(value.value) is int:
                 found[name] = value.value
             assigned.add(name)
-    for node in pyast.walk(tree):
+    for node in pyast.walk(tree) if arguments else ():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument" \
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             default = next((k.value for k in node.keywords if k.arg == "default"), None)
@@ -422,9 +422,12 @@ def _integer_constants(tree: ast.Module) -> dict[str, int]:
 
 
 class _Summariser:
-    def __init__(self, path: str, tree: ast.Module, module_classes: frozenset[str]) -> None:
+    def __init__(self, path: str, tree: ast.Module, module_classes: frozenset[str], arguments: bool = True,
+                 yields: bool = True) -> None:
+        """`arguments`, `yields`: the text calls `add_argument`, says `yield` (else those searches are skipped)."""
         self.file = FileSummary(path)
-        self.constants = _integer_constants(tree)
+        self.constants = _integer_constants(tree, arguments)
+        self._yields = yields
         self.module_classes = module_classes
         # per function being summarised: names whose value is read back (`a.detach().cpu()`), and the sites bound
         # to a name (`a = f(s)`), to mark the sites whose result is only ever read back
@@ -639,7 +642,7 @@ class _Summariser:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
         summary.abstract = _is_abstract(node)
-        summary.yields_parameter = _yielded_parameter(node, data_params)
+        summary.yields_parameter = _yielded_parameter(node, data_params) if self._yields else None
         summary.cpu_defaults = _cpu_defaults(arguments)
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
@@ -954,7 +957,7 @@ def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> Fil
         tree = ast.parse(old_spelling.text)
     except (ValueError, RecursionError, MemoryError):
         return None
-    summariser = _Summariser(path, tree, module_classes)
+    summariser = _Summariser(path, tree, module_classes, "add_argument" in text, "yield" in text)
     summary = summariser.file
     summary.functions["<module>"] = summariser.module_fn
     _throttle_flagged_branches(summary)
@@ -1019,6 +1022,7 @@ class CallGraph:
                 self._classes.setdefault(name, []).append((path, name))
         self.frequency: dict[tuple[str, str], Frequency] = {}
         self._override_cache: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._subclass_cache: dict[str, list[tuple[str, str]]] = {}
         self._resolved: dict[tuple[str, str, tuple[str, ...]], list[tuple[str, str]]] = {}
         self._env_steps = [(path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
                            if fn.class_name and fn.name in vocab.ENV_STEP_METHODS
@@ -1167,13 +1171,17 @@ class CallGraph:
         return self._override_cache[key]
 
     def _find_overrides(self, class_name: str, method: str) -> list[tuple[str, str]]:
-        found = []
-        for name, places in self._classes.items():
-            if name == class_name:
-                continue
-            for path, _ in places:  # (one `NNetWrapper(NeuralNet)` per game folder: each overrides)
-                if self._inherits(path, name, class_name) and f"{name}.{method}" in self.files[path].functions:
-                    found.append((path, f"{name}.{method}"))
+        return [(path, f"{name}.{method}") for path, name in self._subclasses(class_name)
+                if f"{name}.{method}" in self.files[path].functions]
+
+    def _subclasses(self, class_name: str) -> list[tuple[str, str]]:
+        """(path, class) of the program's classes that inherit from `class_name` (one `NNetWrapper(NeuralNet)` per
+        game folder: each counts), found once per class."""
+        found = self._subclass_cache.get(class_name)
+        if found is None:
+            found = self._subclass_cache[class_name] = [
+                (path, name) for name, places in self._classes.items() if name != class_name
+                for path, _ in places if self._inherits(path, name, class_name)]
         return found
 
     def _inherits(self, path: str, class_name: str, ancestor: str, depth: int = 0) -> bool:
