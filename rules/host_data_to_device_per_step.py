@@ -5,7 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import Binding, BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
+from gpulint.analysis import (LEGACY_HOST_TENSOR, Binding, BindingKind, call_arg, dotted_name, is_numeric_literal,
+                              method_name, walk)
 from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.program import current_text
 from gpulint.rule import is_test_path
@@ -413,7 +414,8 @@ class HostDataToDevicePerStep(Rule):
         if data is not None and qual.endswith(("as_tensor", "asarray")):
             if Placement(self.ctx).of(data) not in (NONTENSOR, HOST) and not self._from_environment(data):
                 return  # as_tensor of a tensor that may already be on the device is a no-op
-        elif data is not None and not qual.endswith("from_numpy"):
+        elif data is not None and not qual.endswith("from_numpy") and not LEGACY_HOST_TENSOR.fullmatch(qual):
+            # (a legacy CPU type, `torch.FloatTensor(x)`, holds host data whatever `x` is: a CUDA `x` raises)
             if Placement(self.ctx).of(data) in (DEVICE, TENSOR):
                 return  # not host data
         if isinstance(data, (cst.List, cst.Tuple)) and not data.elements:
