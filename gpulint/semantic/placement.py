@@ -618,6 +618,9 @@ class Placement:
             return kind or TENSOR
         if self.ev.is_module(node.func):  # `self.q_net(state)`: a network held by an attribute
             return self._module_call(node, depth, before)
+        if _MODEL_NAME.search(last_name(receiver) or "") and any(
+                self.of(arg.value, depth + 1, before) == DEVICE for arg in node.args if not arg.star):
+            return DEVICE  # `self.online_net.calculate_q(states=s)` on a device tensor: a network's method
         return None
 
     def _distribution(self, node: cst.BaseExpression, before: int | None) -> cst.Call | None:
