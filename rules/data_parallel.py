@@ -27,6 +27,8 @@ def _trains_here(a, scope: cst.CSTNode) -> bool:  # noqa: ANN001
     return False
 
 
+_DDP_OFFERED = ("the script also builds DistributedDataParallel when launched distributed; this DataParallel path is "
+                "what a plain launch on several GPUs runs: launch it with `torchrun` or make DDP the default")
 _INFERENCE = re.compile(r"no_grad|inference_mode|\.eval\(\)|load_state_dict")
 _TRAINS = re.compile(r"\.backward\(|\boptim\w*\.step\(|\bfabric\.backward\(|\btrainer\.fit\(")
 
@@ -83,9 +85,9 @@ class DataParallel(Rule):
     script body) with a backward pass or optimizer step, the wrapped model is handed to or returned to such a
     function, or stored on `self` and used by a method that trains. Not reported: DataParallel built only for
     sampling or inference (often just to load a checkpoint saved with `module.` prefixes), a re-wrap inside an
-    `isinstance(m, nn.DataParallel)` branch, a library helper that wraps a module its caller passes in, and the
-    DataParallel fallback in a function or if/elif chain that also builds `DistributedDataParallel` (the
-    script already offers DDP).
+    `isinstance(m, nn.DataParallel)` branch, and a library helper that wraps a module its caller passes in. The
+    DataParallel fallback in a function or if/elif chain that also builds `DistributedDataParallel` is reported
+    with a note: the script offers DDP, but a plain launch on several GPUs runs DataParallel.
 
     ## Fix safety
     No automatic fix: moving to DDP changes how the script is launched, needs a process group, a
@@ -161,7 +163,8 @@ class DataParallel(Rule):
                 return copy.deepcopy(m)
             """
         ),
-        Valid(  # the same function also builds DistributedDataParallel (under another name) when distributed
+        Invalid(  # the same function also builds DistributedDataParallel (under another name) when distributed:
+            # DataParallel is what a plain `python train.py` on several GPUs runs (reported with that note)
             """
             import torch
             from torch import nn
@@ -169,7 +172,7 @@ class DataParallel(Rule):
             def main(args, loader, optimizer):
                 model = build_model()
                 if args.num_gpu > 1:
-                    model = nn.DataParallel(model).cuda()
+                    model = nn.DataParallel(model).cuda()  # error: GPU060
                 if args.distributed:
                     model = NativeDDP(model.cuda(), device_ids=[args.local_rank])
                 for x, y in loader:
@@ -177,7 +180,7 @@ class DataParallel(Rule):
                     optimizer.step()
             """
         ),
-        Valid(  # the fallback of a chain that already offers DistributedDataParallel
+        Invalid(  # the fallback of a chain that already offers DistributedDataParallel
             """
             import torch
             def main(args):
@@ -185,7 +188,7 @@ class DataParallel(Rule):
                 if args.distributed:
                     model = torch.nn.parallel.DistributedDataParallel(model.cuda(), device_ids=[args.gpu])
                 else:
-                    model = torch.nn.DataParallel(model).cuda()
+                    model = torch.nn.DataParallel(model).cuda()  # error: GPU060
                 for x, y in loader:
                     loss_fn(model(x), y).backward()
                     optimizer.step()
@@ -286,7 +289,7 @@ class DataParallel(Rule):
             return
         if self._not_training(node, qualname):
             return
-        self.report(node)
+        self.report(node, note=_DDP_OFFERED if self._ddp_alternative(self.ctx.ancestors) else None)
 
     def _program_subclass(self, node: cst.Call) -> bool:
         """`BalancedDataParallel(chunk, model, dim=1)` where the program defines `class BalancedDataParallel(
@@ -322,8 +325,6 @@ class DataParallel(Rule):
                     and not target.startswith("self.") and target != "<return>" \
                     and not (target and self._returned(target, fn.body)):
                 return True  # a helper wrapping a module its caller passes in (neither keeping nor returning it)
-        if self._ddp_alternative(ancestors):
-            return True
         scope: cst.CSTNode = fn if fn is not None else a.module
         if _trains_here(a, scope.body if isinstance(scope, cst.FunctionDef) else scope):
             return False
