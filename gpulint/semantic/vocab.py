@@ -60,10 +60,15 @@ _LOSS_VALUE = re.compile(r"loss(?!.*(fn|func|function|es|module|class|type)$)", 
 
 def steps_with(arguments: list[str | None]) -> bool:
     """A call handed both a loss value and an optimizer (`loss_scaler(loss, optimizer, clip_grad=1.0)`, timm's
-    `NativeScaler`; `self.backward_step(total_loss, self.opt)`): it backpropagates and steps the optimizer. (A loss
-    function and an optimizer, `train(model, loss_fn, optimizer)`, make a whole training run instead.)"""
+    `NativeScaler`; `self.backward_step(total_loss, self.opt)`): it backpropagates and steps the optimizer. (Handed
+    a loss function, a network or the data as well, `train_one_epoch(model, data, loss, optimizer)`, it is a whole
+    training run instead.)"""
     names = [last_part(a) for a in arguments if a]
-    return any(map(is_loss_value, names)) and any(OPTIMIZER_NAME.search(n) for n in names)
+    return any(map(is_loss_value, names)) and any(OPTIMIZER_NAME.search(n) for n in names) and not any(
+        MODEL_NAME.search(n) or _DATA_NAME.search(n) for n in names)  # `train_one_epoch(model, data, loss, opt)`
+
+
+_DATA_NAME = re.compile(r"loader|^data(set)?$|^batch", re.I)
 
 
 def is_loss_value(name: str) -> bool:
