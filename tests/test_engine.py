@@ -248,3 +248,44 @@ def test_loader_handed_to_another_files_epoch_function_keeps_its_workers(tmp_pat
     """))
     found = run([str(tmp_path)], [rule_by_code("GPU051")], jobs=1).diagnostics
     assert [(Path(d.path).name, d.line) for d in found] == [("main.py", 9)]
+
+
+UNMOVED_AGENT = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class TwoHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.body(x)
+
+    class Agent:
+        def __init__(self):
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.model = TwoHead(){move}
+            self.optimizer = torch.optim.Adam(self.model.parameters())
+
+        def update(self, states, returns):
+            states = torch.FloatTensor(states).to(self.device)
+            loss = (self.model(states).sum(1) - torch.FloatTensor(returns).to(self.device)).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+    def train(agent, env, episodes):
+        for episode in range(episodes):
+            states, returns = env.rollout()
+            agent.update(states, returns)
+""")
+
+
+@pytest.mark.parametrize(("move", "findings"), [("", False), (".to(self.device)", True)])
+def test_networks_never_moved_train_on_the_cpu(move: str, findings: bool):
+    """Tensors sent `.to(self.device)` for a network that is never moved: the program can only run on the CPU (on a
+    GPU its first forward fails), so its copies are no GPU transfers. Moving the network makes them real."""
+    text = UNMOVED_AGENT.format(move=move)
+    codes = {d.code for d in lint_text(text, "agent.py", all_rules()).diagnostics}
+    assert bool(codes & {"GPU011", "GPU013", "GPU032"}) is findings, codes
