@@ -353,7 +353,9 @@ def _networks_built(text: str, classes: frozenset[str]) -> tuple[str, ...]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     built: list[str] = []
-    for node in ast.walk(tree):
+    # (a network's own submodules, `self.encoder = Encoder()` in its `__init__`, move with it)
+    outside_networks = [n for n in tree.body if not (isinstance(n, ast.ClassDef) and n.name in classes)]
+    for node in (inner for statement in outside_networks for inner in ast.walk(statement)):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             value, moved = node.value, False
             while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
