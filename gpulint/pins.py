@@ -9,6 +9,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from gpulint.semantic import pyast
+
 # The version spec after a torch requirement: `torch==1.7.0`, `torch>=1.10,<1.13` (requirements, setup.py,
 # PEP 621), conda's `pytorch=1.7.0`, Poetry's `torch = ">=1.10.1, < 1.13.0"`.
 _REQUIREMENT = re.compile(r"""(?:^|[\s"'\[,(])(?:py)?torch(?:\[[^\]]*\])?\s*(?:=\s*["'])?([<>=~!][^"'\n;#\]]*)""", re.M)
@@ -129,7 +131,7 @@ def _needs(tree: ast.AST) -> tuple[int, int]:
         elif isinstance(node, ast.Import):
             found = max([found, *(_INTRODUCED.get(alias.name, (0, 0)) for alias in node.names)])
         elif isinstance(node, ast.Attribute):
-            name = _dotted(node)
+            name = pyast.dotted(node)
         elif isinstance(node, ast.keyword) and node.arg in _INTRODUCED_KEYWORDS:
             found = max(found, _INTRODUCED_KEYWORDS[node.arg])
         if name is not None:
@@ -139,14 +141,3 @@ def _needs(tree: ast.AST) -> tuple[int, int]:
                 continue  # (its parts are the prefixes just looked up)
         pending.extend(ast.iter_child_nodes(node))
     return found
-
-
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))

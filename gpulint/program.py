@@ -18,6 +18,9 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
+from gpulint.semantic import pyast
+from gpulint.semantic.vocab import last_part
+
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
 _IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
@@ -362,10 +365,10 @@ def _networks_built(text: str, classes: frozenset[str]) -> tuple[str, ...]:
                     and value.func.attr in ("to", "cuda", "float", "double", "half", "train", "eval"):
                 moved |= value.func.attr in ("to", "cuda")
                 value = value.func.value
-            if isinstance(value, ast.Call) and _last(_dotted(value.func)) in classes:
+            if isinstance(value, ast.Call) and last_part(pyast.dotted(value.func)) in classes:
                 if moved:
                     return ()
-                target = _dotted(node.targets[0])
+                target = pyast.dotted(node.targets[0])
                 if target is None:
                     return ()
                 built.append(target)
@@ -373,25 +376,11 @@ def _networks_built(text: str, classes: frozenset[str]) -> tuple[str, ...]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
-            if isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda") and _dotted(receiver) in names:
+            if isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda") and pyast.dotted(receiver) in names:
                 return ()
-            if any(_dotted(a) in names for a in [*node.args, *(k.value for k in node.keywords)]):
+            if any(pyast.dotted(a) in names for a in [*node.args, *(k.value for k in node.keywords)]):
                 return ()  # `model = accelerator.prepare(model)`, `train(model, ...)`: it may be moved there
     return tuple(built)
-
-
-def _dotted(node: ast.AST | None) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
-
-
-def _last(dotted: str | None) -> str:
-    return (dotted or "").rsplit(".", 1)[-1]
 
 
 def imported_files(path: Path, text: str, root: Path, *, resolved: bool = False) -> list[Path]:

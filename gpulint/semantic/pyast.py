@@ -39,3 +39,14 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
         current = pending.popleft()
         pending.extend(child_nodes(current))
         yield current
+
+
+def dotted(node: ast.AST | None) -> str | None:
+    """`a.b.c` for a chain of attributes on a name; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
