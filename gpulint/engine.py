@@ -17,7 +17,7 @@ from libcst._nodes.internal import CodegenState
 from gpulint import legacy
 from gpulint.analysis import FileAnalysis, analyze, child_nodes, traverse
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
-from gpulint.program import hogwild_program, networks_never_moved
+from gpulint.program import hogwild_program
 from gpulint.registry import META_CODES
 from gpulint.semantic.callgraph import Frequency, ProgramCalls, call_graph_state
 from gpulint.rule import DefinitionRequest, ImportRequest, Report, Rule, RuleContext
@@ -366,7 +366,7 @@ def lint_text(
         analysis.cuda_evidence, analysis.maybe_cuda_evidence = cuda_evidence
     program = program or ProgramFacts.of_single_file(path, text, analysis)
     ctx = RuleContext(path, module, analysis, program, rule_options or {})
-    if hogwild_program(ctx) or networks_never_moved(ctx):  # CPU training: no GPU in the program
+    if hogwild_program(ctx):  # CPU workers training a shared-memory network: no GPU in the program
         active = [rule for rule in active if rule.on_cpu_too or not rule.__module__.startswith(_BUILTIN_RULES)]
     instances = [rule(ctx) for rule in active]
     dispatcher = _Dispatcher(instances, ctx, path)

@@ -10,16 +10,12 @@ plus what it imports, transitively.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Iterable
-
-from gpulint.semantic import pyast
-from gpulint.semantic.vocab import last_part
 
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
@@ -326,61 +322,6 @@ def hogwild_program(ctx) -> bool:
             mentions(_NETWORK_TO_GPU, text if path == ctx.path else index.sources[path])
             for path in imported | {ctx.path})
     return cached
-
-
-_SELF_MOVE = re.compile(r"\bself\.(to|cuda)\(")  # a network class moving itself to a device
-
-
-def networks_never_moved(ctx) -> bool:
-    """Does the current file build the program's networks (`self.model = TwoHeadNetwork(...)`) and never move one to
-    a device, hand one to any call, or define networks that move themselves? Then its training runs on the CPU
-    whatever its tensors' `.to(self.device)` say: on a GPU, the first forward would fail."""
-    classes = ctx.program.module_classes
-    if not classes:
-        return False
-    text = current_text(ctx)
-    built = _networks_built(text, frozenset(classes))
-    if not built:
-        return False
-    index = program_index(ctx)
-    files = {ctx.path} | index.reach(ctx.path)
-    return not any(mentions(_SELF_MOVE, text if path == ctx.path else index.sources[path]) for path in files)
-
-
-@lru_cache(maxsize=1024)
-def _networks_built(text: str, classes: frozenset[str]) -> tuple[str, ...]:
-    """Names the file binds to program networks it builds, when none of them is ever moved or handed to a call
-    (which might move it); () otherwise, or when it builds none."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()
-    built: list[str] = []
-    # (a network's own submodules, `self.encoder = Encoder()` in its `__init__`, move with it)
-    outside_networks = [n for n in tree.body if not (isinstance(n, ast.ClassDef) and n.name in classes)]
-    for node in (inner for statement in outside_networks for inner in ast.walk(statement)):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            value, moved = node.value, False
-            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                    and value.func.attr in ("to", "cuda", "float", "double", "half", "train", "eval"):
-                moved |= value.func.attr in ("to", "cuda")
-                value = value.func.value
-            if isinstance(value, ast.Call) and last_part(pyast.dotted(value.func)) in classes:
-                if moved:
-                    return ()
-                target = pyast.dotted(node.targets[0])
-                if target is None:
-                    return ()
-                built.append(target)
-    names = set(built)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
-            if isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda") and pyast.dotted(receiver) in names:
-                return ()
-            if any(pyast.dotted(a) in names for a in [*node.args, *(k.value for k in node.keywords)]):
-                return ()  # `model = accelerator.prepare(model)`, `train(model, ...)`: it may be moved there
-    return tuple(built)
 
 
 def imported_files(path: Path, text: str, root: Path, *, resolved: bool = False) -> list[Path]:
