@@ -377,3 +377,15 @@ def test_work_estimate_ignores_the_stem_conv() -> None:
             '    return nn.Conv3d(inplanes, planes, kernel_size=3)\n')
     work = work_per_step({"resnet.py": text})
     assert work is not None and work.convolutional and work.pays
+
+
+@pytest.mark.parametrize(("arguments", "step"), [
+    (["loss", "optimizer"], True),  # timm's `loss_scaler(loss, optimizer, clip_grad=...)`
+    (["total_loss", "self.opt"], True),
+    (["loss_fn", "optimizer"], False),  # a loss function: not a value to backpropagate
+    (["model", "data", "loss", "epoch", "optimizer", "scaler"], False),  # `train_one_epoch(...)`: a whole run
+    (["loader", "loss", "optimizer"], False),
+])
+def test_a_call_handed_a_loss_and_an_optimizer_is_a_step(arguments: list[str], step: bool) -> None:
+    from gpulint.semantic.vocab import steps_with
+    assert steps_with(arguments) is step
