@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from gpulint.discovery import discover
 from gpulint.semantic import pyast
 
 # The version spec after a torch requirement: `torch==1.7.0`, `torch>=1.10,<1.13` (requirements, setup.py,
@@ -80,7 +81,6 @@ _INTRODUCED = {
 }
 _INTRODUCED_KEYWORDS = {"persistent_workers": (1, 7)}
 _MENTIONS = re.compile("|".join(re.escape(name.rsplit(".", 1)[-1]) for name in [*_INTRODUCED, *_INTRODUCED_KEYWORDS]))
-_SKIPPED_FOLDERS = frozenset({".git", "venv", ".venv", "env", "site-packages", "node_modules", "build", ".tox"})
 _MOST_FILES = 2000  # read at most this many files of a project (its first ones, in sorted order)
 
 
@@ -95,9 +95,8 @@ def _code_floor(root: str) -> tuple[int, int]:
     """The newest torch release whose API the Python files under `root` use outside version guards (a `try`
     block, an `if` testing `hasattr` or a version); (0, 0) when none."""
     floor = (0, 0)
-    for count, file in enumerate(sorted(_python_files(Path(root)))):
-        if count >= _MOST_FILES:
-            break
+    files, _ = discover([root])  # the files `gpulint check` would lint there (virtualenvs, builds left out)
+    for file in files[:_MOST_FILES]:
         try:
             text = file.read_text(encoding="utf-8", errors="replace")
             if _MENTIONS.search(text) is None:
@@ -106,14 +105,6 @@ def _code_floor(root: str) -> tuple[int, int]:
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             continue
     return floor
-
-
-def _python_files(root: Path):  # noqa: ANN202 - a generator of paths
-    for entry in root.iterdir() if root.is_dir() else ():
-        if entry.is_dir() and not entry.is_symlink() and entry.name not in _SKIPPED_FOLDERS:
-            yield from _python_files(entry)
-        elif entry.suffix == ".py" and entry.is_file():
-            yield entry
 
 
 def _needs(tree: ast.AST) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from gpulint.semantic.placement import (
     last_name,
     on_error_path,
 )
-from gpulint.semantic.vocab import ENV_METHODS, SYNCHRONIZE_CALLS, TIMER_READS
+from gpulint.semantic.vocab import ENV_METHODS, SYNCHRONIZE_CALLS, TIMER_READS, is_loss_value
 
 
 def _unconditional(block: cst.BaseSuite) -> list[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
@@ -1164,7 +1164,7 @@ class _Defer(cst.CSTTransformer):
 
 
 def _names_a_loss(value: cst.BaseExpression) -> bool:
-    """`loss_reduced["d"].mean()`, `losses[k]`: a value of unknown placement that its name says is a loss; in a CUDA
+    """`loss_reduced["d"].mean()`, `d_loss.sum()`: a value of unknown placement that its name says is a loss; in a CUDA
     training step, `.item()` on it (a tensor method) reads a loss tensor back."""
     while True:
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args \
@@ -1174,6 +1174,5 @@ def _names_a_loss(value: cst.BaseExpression) -> bool:
             value = value.value
         else:
             break
-    name = last_name(value) or ""
-    return "loss" in name.lower() and not name.lower().endswith(("fn", "func", "function"))
+    return is_loss_value(last_name(value) or "")
 

@@ -55,7 +55,7 @@ def is_training_step_call(dotted: str | None) -> bool:
     return False
 
 
-_LOSS_VALUE = re.compile(r"loss(?!.*(fn|func|function|es|module|class|type)$)", re.I)  # not `loss_fn`
+_LOSS_FUNCTION = re.compile(r"(fn|func|function|module|class|type)$", re.I)
 
 
 def steps_with(arguments: list[str | None]) -> bool:
@@ -64,7 +64,9 @@ def steps_with(arguments: list[str | None]) -> bool:
     a loss function, a network or the data as well, `train_one_epoch(model, data, loss, optimizer)`, it is a whole
     training run instead.)"""
     names = [last_part(a) for a in arguments if a]
-    return any(map(is_loss_value, names)) and any(OPTIMIZER_NAME.search(n) for n in names) and not any(
+    # (one loss value: `losses`, a collection of them, is not what a scaler is handed)
+    return any(is_loss_value(n) and not n.lower().endswith("es") for n in names) \
+        and any(OPTIMIZER_NAME.search(n) for n in names) and not any(
         MODEL_NAME.search(n) or _DATA_NAME.search(n) for n in names)  # `train_one_epoch(model, data, loss, opt)`
 
 
@@ -72,8 +74,10 @@ _DATA_NAME = re.compile(r"loader|^data(set)?$|^batch", re.I)
 
 
 def is_loss_value(name: str) -> bool:
-    """`loss`, `total_loss`, `loss_value`; not `loss_fn`, `losses`."""
-    return bool(_LOSS_VALUE.match(name) or _LOSS_VALUE.search(name) and name.lower().endswith("loss"))
+    """A name that says it holds a loss: `loss`, `total_loss`, `loss_reduced`, `losses_reduced_scaled`; not a loss
+    function (`loss_fn`, `criterion`)."""
+    lowered = name.lower()
+    return "loss" in lowered and not _LOSS_FUNCTION.search(lowered)
 
 
 def is_env_step(dotted: str | None) -> bool:
