@@ -149,8 +149,8 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
         value = getattr(node, name)
         kind = type(value)
         if kind is list or kind is tuple:
-            found.extend(item for item in value if _is_node_type(type(item)))
-        elif _is_node_type(kind):
+            found.extend(item for item in value if is_node_type(type(item)))
+        elif is_node_type(kind):
             found.append(value)
     _CHILDREN[id(node)] = (node, found)
     return found
@@ -162,7 +162,7 @@ _CHILDREN: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
 _NODE_TYPES: dict[type, bool] = {}
 
 
-def _is_node_type(kind: type) -> bool:
+def is_node_type(kind: type) -> bool:
     """`issubclass(kind, CSTNode)`, remembered: CSTNode is an ABC, whose isinstance checks are slow."""
     known = _NODE_TYPES.get(kind)
     if known is None:
@@ -513,7 +513,7 @@ class FileAnalysis:
             kind = self.hot.get(id(node))
             if kind is not None:
                 return kind
-            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            if type(node) in _NESTED_SCOPES:
                 return None
         return None
 
@@ -522,9 +522,10 @@ class FileAnalysis:
 
     def in_loop(self, ancestors: Sequence[cst.CSTNode]) -> bool:
         for node in reversed(ancestors):
-            if isinstance(node, (cst.For, cst.While)):
+            kind = type(node)
+            if kind is cst.For or kind is cst.While:
                 return True
-            if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            if kind in _NESTED_SCOPES:
                 return False
         return False
 
@@ -1101,6 +1102,39 @@ class PerFileFacts:
             facts = cls(analysis)
             cls._built[analysis] = facts
         return facts
+
+
+_ITERATING = frozenset({cst.For, cst.While, cst.CompFor})
+
+
+class FileStructure(PerFileFacts):
+    """One walk of the file: each node's parent, and its calls, loops, assignments and returns in walk order.
+    Shared by the analyses that climb from a node to its enclosing loops and functions (loader flow, gradient
+    accumulation). Exact types are compared: libcst's classes are final, and isinstance through their ABC is
+    slow on every node of a file."""
+
+    def __init__(self, analysis: "FileAnalysis") -> None:
+        super().__init__(analysis)
+        self.parents: dict[int, cst.CSTNode] = {}
+        self.loops: list[cst.CSTNode] = []  # for, while, comprehension for, and `yield from` (it iterates too)
+        self.assigns: list[cst.CSTNode] = []
+        self.calls: list[cst.Call] = []
+        self.returns: list[cst.Return] = []
+        stack: list[cst.CSTNode] = [analysis.module]
+        while stack:
+            node = stack.pop()
+            kind = type(node)
+            if kind is cst.Call:
+                self.calls.append(node)  # type: ignore[arg-type]
+            elif kind in _ITERATING or kind is cst.Yield and type(node.value) is cst.From:  # type: ignore[attr-defined]
+                self.loops.append(node)
+            elif kind is cst.Assign or kind is cst.AnnAssign:
+                self.assigns.append(node)
+            elif kind is cst.Return:
+                self.returns.append(node)  # type: ignore[arg-type]
+            children = child_nodes(node)
+            self.parents.update(dict.fromkeys(map(id, children), node))
+            stack.extend(children)
 
 
 # ---------------------------------------------------------------------------------------------

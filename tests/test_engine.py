@@ -249,3 +249,45 @@ def test_loader_handed_to_another_files_epoch_function_keeps_its_workers(tmp_pat
     found = run([str(tmp_path)], [rule_by_code("GPU051")], jobs=1).diagnostics
     assert [(Path(d.path).name, d.line) for d in found] == [("main.py", 9)]
 
+
+
+_POSITIONS_SOURCE = (
+    "# header comment\n"
+    "import torch\n"
+    "\n"
+    "def helper(x):\n"
+    "    y = x.item()  # a sync\n"
+    "    return y\n"
+    "\n"
+    "@torch.no_grad()\n"
+    "def evaluate(net, batch):\n"
+    "    return net(batch).sum()\n"
+    "\n"
+    "x = 1; z = 2\n"
+    "x = 1; z = 2\n"
+)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_positions_of_a_few_nodes_match_the_whole_files_code_generation(newline: str):
+    """Finding locations come from generating only the statements that hold the reported nodes: they must be the
+    ones the whole module's code generation gives, for syntax and token nodes, after decorators and CRLF lines;
+    a statement written twice cannot be placed by its text and falls back to the whole generation."""
+    from gpulint.analysis import walk
+    from gpulint.engine import _every_node, _positions_by_statement, node_positions
+
+    text = _POSITIONS_SOURCE.replace("\n", newline)
+    module = cst.parse_module(text)
+    whole = node_positions(module)
+    helper, evaluate = module.body[1], module.body[2]
+    item_call = next(n for n in walk(helper) if isinstance(n, cst.Call))
+    returned = next(n for n in walk(evaluate) if isinstance(n, cst.Return))
+    newline_token = next(n for n in _every_node(evaluate) if isinstance(n, cst.Newline))
+    wanted = [item_call, returned, newline_token, evaluate.decorators[0]]
+    placed = _positions_by_statement(module, wanted, text)
+    assert placed is not None
+    assert [placed[id(n)] for n in wanted] == [whole[id(n)] for n in wanted]
+    assert placed[id(item_call)][:2] == (5, 8)
+    assert id(module.body[0]) not in placed  # the import statement was not generated
+    assert _positions_by_statement(module, [module.body[3]], text) is None  # `x = 1; z = 2` twice
+    assert node_positions(module, [module.body[3]], text)[id(module.body[3])] == whole[id(module.body[3])]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, method_name
+from gpulint.analysis import FileAnalysis, FileStructure, PerFileFacts, child_nodes, dotted_name, method_name
 
 _OPTIMIZER = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]|scaler", re.I)
 _ACCUM_NAME = re.compile(r"accum|grad_acc|update_freq|micro|need_update|do_update|do_step|should_step|"
@@ -78,21 +78,11 @@ class Accumulations(PerFileFacts):
     def __init__(self, analysis: FileAnalysis) -> None:
         super().__init__(analysis)
         self.items: list[Accumulation] = []
-        # one walk: the loops that (transitively) contain a backward call are the only candidates
-        parents: dict[int, cst.CSTNode] = {}
-        backward: list[cst.Call] = []
-        has_step = False
-        stack: list[cst.CSTNode] = [analysis.module]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, cst.Call):
-                if is_backward(node):
-                    backward.append(node)
-                elif not has_step and is_optimizer_step(node):
-                    has_step = True
-            for child in child_nodes(node):
-                parents[id(child)] = node
-                stack.append(child)
+        # the loops that (transitively) contain a backward call are the only candidates
+        structure = FileStructure.of(analysis)
+        parents = structure.parents
+        backward = [call for call in structure.calls if is_backward(call)]
+        has_step = backward and any(is_optimizer_step(call) for call in structure.calls)
         if not backward or not has_step:
             return
         candidates: dict[int, cst.CSTNode] = {}

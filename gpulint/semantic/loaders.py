@@ -8,7 +8,7 @@ from typing import Iterator
 import libcst as cst
 
 from gpulint import HotKind
-from gpulint.analysis import FileAnalysis, PerFileFacts, child_nodes, dotted_name, has_star_args, walk
+from gpulint.analysis import FileAnalysis, FileStructure, PerFileFacts, dotted_name, has_star_args, walk
 from gpulint.rule import is_test_path
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -122,26 +122,10 @@ class LoaderFlow(PerFileFacts):
         # the program's generators that re-yield an argument's items (the call graph's `#yields-argument:` markers)
         self.yielders = {name: int(position) for key in analysis.program_keys if "#yields-argument:" in key
                          for name, _, position in [key.split("#yields-argument:", 1)[1].rpartition(":")]}
-        self.parents: dict[int, cst.CSTNode] = {}
-        self.loops: list[cst.CSTNode] = []
-        self.assigns: list[cst.CSTNode] = []
-        self.calls: list[cst.Call] = []
-        self.returns: list[cst.Return] = []
-        stack: list[cst.CSTNode] = [analysis.module]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, (cst.For, cst.While, cst.CompFor)) or isinstance(node, cst.Yield) and isinstance(
-                    node.value, cst.From):
-                self.loops.append(node)  # (`yield from loader` iterates the loader as a `for` would)
-            elif isinstance(node, (cst.Assign, cst.AnnAssign)):
-                self.assigns.append(node)
-            elif isinstance(node, cst.Call):
-                self.calls.append(node)
-            elif isinstance(node, cst.Return):
-                self.returns.append(node)
-            for child in child_nodes(node):
-                self.parents[id(child)] = node
-                stack.append(child)
+        structure = FileStructure.of(analysis)
+        self.parents = structure.parents
+        self.loops, self.assigns, self.calls, self.returns = (structure.loops, structure.assigns, structure.calls,
+                                                              structure.returns)
         self._training: dict[int, bool] = {}
         self._by_called: dict[str, list[cst.Call]] | None = None
         self._use_index: dict[tuple, list[tuple]] | None = None
