@@ -19,6 +19,9 @@ _EVAL_FUNCTION = re.compile(r"^_?(evaluate|evaluation|validate|validation|eval|t
 # not when the body keeps scores a policy gradient trains on (log-probabilities, gathered logits)
 _GENERATION_FUNCTION = re.compile(r"^_?(generate|sample|sampling|greedy_decode|beam_search|translate)"
                                   r"(_(text|tokens?|sequences?|images?|sentence|batch))?$")
+# a policy's action choice (`select_action`, `get_action`, `act`, `actor_pick_action`): called per iteration of a
+# loop that both acts and trains, it is judged like a function of a rollout
+_ACTING_FUNCTION = re.compile(r"^_?(\w+_)?(act|actions?)$")
 _KEEPS_SCORES = re.compile(r"log_prob|log_softmax|\.gather\(|requires_grad")
 _EVAL_ITERABLE = re.compile(r"(^|_)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|$|loader|data|"
                             r"set|dl|ds|iter|batches)|^(val|valid|test|eval|dev)[a-z]*loader$", re.I)
@@ -630,11 +633,16 @@ class EvalWithoutNoGrad(Rule):
         """A function the program calls once per environment step, move or tree-search simulation (the call
         graph's rollout frequency) that runs a network with grad mode on and only uses its output as data
         (`.detach()`, `.cpu()`, `.numpy()`, `.item()`): acting, not training."""
-        if self.ctx.analysis.hot.get(id(node)) is not HotKind.ROLLOUT and id(node) not in \
-                self.ctx.analysis.evaluation_rollout:
-            if self.ctx.analysis.hot.get(id(node)) in (HotKind.STEP_FUNCTION, HotKind.CALLEE):
-                self._check_acting_calls(node, node)  # `def step(self)`: act in the environment, then train
-            return
+        hot = self.ctx.analysis.hot.get(id(node))
+        if hot is not HotKind.ROLLOUT and id(node) not in self.ctx.analysis.evaluation_rollout:
+            if hot not in (HotKind.STEP_FUNCTION, HotKind.CALLEE):
+                return
+            reported = len(self.reports)
+            self._check_acting_calls(node, node)  # `def step(self)`: act in the environment, then train
+            if hot is HotKind.STEP_FUNCTION or len(self.reports) > reported \
+                    or not _ACTING_FUNCTION.match(node.name.value):
+                return
+            # `def select_action(self, s)` called once per iteration of a loop that acts and trains: acting
         if _decorated_no_grad(self.ctx, node) or self._lightning_hook(node):
             return
         flow = LoaderFlow.of(self.ctx.analysis)
