@@ -33,6 +33,7 @@ from gpulint.semantic.modules import (
     int_value,
     is_false,
     names_in,
+    program_class_facts,
     rebuild_owner,
     returns_arity,
 )
@@ -680,7 +681,7 @@ class SplitForwardSameModule(Rule):
 
     def __init__(self, ctx) -> None:  # noqa: ANN001
         super().__init__(ctx)
-        self.modules = ModuleResolver(ctx.analysis)
+        self.modules = ModuleResolver(ctx.analysis, program_class_facts(ctx))
 
     # -- where -------------------------------------------------------------------------------
 
@@ -861,7 +862,11 @@ class SplitForwardSameModule(Rule):
         call = site.call
         keywords = sorted((a.keyword.value, code_of(a.value)) for a in call.args if a.keyword is not None)
         positional = sum(1 for a in call.args if a.keyword is None)
-        return f"{code_of(call.func)}|{keywords}|{positional}|{'' if site.nested else site.template}"
+        callee = call.func
+        if isinstance(callee, cst.Attribute) and callee.attr.value == "forward" \
+                and self.modules.of_callee(callee, self.ctx.ancestors) is not None:
+            callee = callee.value  # `q(s2, a2)` and `q.forward(s, a)` are one network's forwards
+        return f"{code_of(callee)}|{keywords}|{positional}|{'' if site.nested else site.template}"
 
     # -- reporting a group ---------------------------------------------------------------------
 
@@ -1274,6 +1279,7 @@ def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
             calls += [a.value for a in small.value.args if isinstance(a.value, cst.Call)]
         for call in calls:
             callee = dotted_name(call.func) or code_of(call.func)
+            callee = callee[:-len(".forward")] if callee.endswith(".forward") else callee  # `net.forward(x)`: `net`
             if callee in seen:
                 return True
             seen.add(callee)

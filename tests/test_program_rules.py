@@ -1,6 +1,7 @@
-"""Program-level precision rules (GPU020-GPU025) on multi-file programs.
+"""Rules on multi-file programs: the program-level precision rules (GPU020-GPU025), and rules whose facts come
+from another file of the program (GPU070: a network class defined elsewhere).
 
-The program is every file of one run. Each `fixtures/GPU02x/programs/<name>/` folder holds one program as
+The program is every file of one run. Each `fixtures/<code>/programs/<name>/` folder holds one program as
 `*.py.txt` files (hidden from the per-file fixture tests, which lint each `.py` alone); it is copied to a
 temporary folder and linted in one run, and the findings must match the `# expect:` comments.
 """
@@ -17,7 +18,7 @@ from gpulint.semantic.callgraph import CallGraph, Frequency
 from gpulint.testing import FIXTURES, expected_findings
 
 CODES = ("GPU020", "GPU021", "GPU022", "GPU023", "GPU024", "GPU025")
-PROGRAMS = sorted(p for p in FIXTURES.glob("GPU02*/programs/*") if p.is_dir())
+PROGRAMS = sorted(p for p in FIXTURES.glob("GPU0*/programs/*") if p.is_dir())
 
 
 def _materialize(program: Path, target: Path) -> dict[str, str]:
@@ -33,22 +34,23 @@ def _materialize(program: Path, target: Path) -> dict[str, str]:
     return texts
 
 
-def _findings(target: Path, *, fix: bool = False):
-    rules = [rule_by_code(code) for code in CODES]
+def _findings(target: Path, *, fix: bool = False, codes: tuple[str, ...] = CODES):
+    rules = [rule_by_code(code) for code in codes]
     result = run([str(target)], rules, fix=fix, jobs=1)
     assert not result.errors, result.errors
     return result
 
 
 def test_programs_exist():
-    assert PROGRAMS, "fixtures/GPU02x/programs/ holds the multi-file programs"
+    assert PROGRAMS, "fixtures/<code>/programs/ holds the multi-file programs"
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_program(program: Path, tmp_path: Path):
     texts = _materialize(program, tmp_path)
     found = Counter()
-    for diagnostic in _findings(tmp_path).diagnostics:
+    code = program.parent.parent.name
+    for diagnostic in _findings(tmp_path, codes=CODES if code in CODES else (code,)).diagnostics:
         relative = Path(diagnostic.path).resolve().relative_to(tmp_path.resolve()).as_posix()
         found[(relative, diagnostic.line, diagnostic.code)] += 1
     expected = Counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -97,17 +97,23 @@ def is_false(node: cst.BaseExpression | None) -> bool:
 
 
 class ModuleResolver:
-    """Resolves `self.net`, `model`, `make_mlp(...)` to ModuleFacts, looking only into this file."""
+    """Resolves `self.net`, `model`, `make_mlp(...)` to ModuleFacts, looking into this file and, given `imported`
+    (`program_class_facts`), into the program file that defines a network class this file imports."""
 
-    def __init__(self, analysis: FileAnalysis) -> None:
+    def __init__(self, analysis: FileAnalysis, imported: Callable[[str], ModuleFacts | None] | None = None) -> None:
         self.a = analysis
+        self.imported = imported
         self._class_cache: dict[str, ModuleFacts] = {}
         self._function_cache: dict[int, ModuleFacts] = {}
 
     # -- entry points -----------------------------------------------------------------------
 
     def of_callee(self, callee: cst.BaseExpression, ancestors: Sequence[cst.CSTNode]) -> ModuleFacts | None:
-        """Facts for a called expression, or None when it is not (evidently) a module."""
+        """Facts for a called expression, or None when it is not (evidently) a module. `net.forward` is `net`
+        (the same forward, without hooks)."""
+        if isinstance(callee, cst.Attribute) and callee.attr.value == "forward" and not (
+                isinstance(callee.value, cst.Name) and callee.value.value == "self"):
+            return self.of_callee(callee.value, ancestors)
         if isinstance(callee, cst.Attribute) and isinstance(callee.value, cst.Name) and callee.value.value == "self":
             info = self.a.enclosing_class(ancestors)
             if info is None:
@@ -207,7 +213,8 @@ class ModuleResolver:
             return self._of_factory(self.a.functions[func][-1], call, owner, depth)
         last = func.rsplit(".", 1)[-1]
         if last[:1].isupper() and not qual.startswith(_NOT_MODULE_PREFIXES):
-            return UNKNOWN  # an imported model class
+            found = self.imported(last) if self.imported is not None else None
+            return found if found is not None else UNKNOWN  # an imported model class
         return None
 
     def _builtin(self, call: cst.Call, kind: str, owner: cst.ClassDef | None, depth: int) -> ModuleFacts:
@@ -808,3 +815,38 @@ def module_like(expr: cst.BaseExpression, ctx, depth: int = 0) -> bool:
         return bool(values) and len(values) == len(bindings) and all(
             module_like(v, ctx, depth + 1) for v in values)
     return False
+
+
+def program_class_facts(ctx) -> Callable[[str], ModuleFacts | None]:  # noqa: ANN001
+    """For `ModuleResolver(imported=...)`: the facts of a network class the current file imports, read from the
+    one file of its program (among those it imports, transitively) that defines a class of that name; None when
+    none or several do. Each such file is parsed once per run, and only when a rule asks."""
+    from gpulint.program import program_index  # (the program layer reads imports without libcst)
+
+    def facts(name: str) -> ModuleFacts | None:
+        index = program_index(ctx)
+        defines = re.compile(rf"^class\s+{re.escape(name)}\b", re.M)
+        files = [path for path in sorted(index.reach(ctx.path))
+                 if path != ctx.path and defines.search(index.sources[path])]
+        if len(files) != 1:
+            return None
+        path = files[0]
+        return ctx.program.derived(f"module-facts:{path}:{name}",
+                                   lambda program: _class_facts_in(program.sources[path], name, program.module_classes))
+
+    return facts
+
+
+def _class_facts_in(text: str, name: str, module_classes: set[str]) -> ModuleFacts | None:
+    from gpulint.analysis import analyze
+    from gpulint.engine import TooComplex, parse  # the parse guarded against inputs that crash libcst
+
+    try:
+        module = parse(text)
+    except (SyntaxError, cst.ParserSyntaxError, TooComplex, ValueError):
+        return None  # the class stays unknown; the file's own run reports the problem
+    analysis = analyze(module, module_classes)
+    info = analysis.classes.get(name)
+    if info is None or not info.is_module:
+        return None
+    return ModuleResolver(analysis).of_class(name)
