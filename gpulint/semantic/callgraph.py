@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 from pathlib import PurePosixPath
 
 from gpulint import legacy
@@ -390,6 +390,19 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
     return vocab.throttles(names - every, has_modulo)
 
 
+def _resets_its_counter(node: ast.If) -> bool:
+    """`if self.steps == self.sample_size: train(); self.steps = 0`: a counter compared in the test and set back
+    to zero in the body, so the body runs once every N iterations (an on-policy update per collected rollout).
+    Without the reset (`if steps > warmup: train()`) the body runs every iteration once the test holds."""
+    compared = {pyast.dotted(operand) for test in pyast.walk(node.test) if isinstance(test, ast.Compare)
+                and all(isinstance(op, (ast.Eq, ast.GtE, ast.Gt)) for op in test.ops)
+                for operand in (test.left, *test.comparators)} - {None}
+    return any(isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Constant)
+               and statement.value.value == 0 and not isinstance(statement.value.value, bool)
+               and any(pyast.dotted(target) in compared for target in statement.targets)
+               for statement in node.body)
+
+
 def _flags_set(body: list[ast.stmt], value: bool) -> set[str]:
     """Names a branch sets to the constant `value` (`vis_result = True`)."""
     return {target.id for statement in body if isinstance(statement, ast.Assign)
@@ -501,7 +514,7 @@ class _Summariser:
             return
         if isinstance(node, ast.If):
             self._scan_expressions([node.test], fn, loops, throttled)
-            gated = throttled or _throttling(node.test, self.constants)
+            gated = throttled or _throttling(node.test, self.constants) or _resets_its_counter(node)
             if gated and not throttled:
                 fn.throttle_flags |= _flags_set(node.body, True) & _flags_set(node.orelse, False)
             # a branch that leaves the loop (`if done: save(); break`) runs once per loop, not per iteration
@@ -651,9 +664,10 @@ class _Summariser:
             summary.returns_losses = _returned_positions(returns, summary.backward_names)
         # from the calls the walk above collected (its own, nested definitions left out)
         summary.moves_to_device = any(site.target[-1] in ("to", "cuda") for site in summary.sites)
-        if returns and data_params and not summary.loops and not summary.uploads:
+        if returns and data_params and (not summary.loops or _loops_over_settings(node)) and not summary.uploads:
             summary.tensor_helper = _computes_on_arguments(summary, data_params, returns, assigns,
-                                                           class_name is not None and self._is_module(class_name))
+                                                           class_name is not None and self._is_module(class_name),
+                                                           _computed_lists(node))
             if summary.tensor_helper:
                 summary.plain_calls = {site.target[1] for site in summary.sites if site.target[0] == "name"}
         self._mark_read_back(node, summary)
@@ -762,17 +776,11 @@ def _returns_and_assigns(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[
     """The values the function returns and its assignments, its nested definitions left out."""
     returns: list[ast.expr] = []
     assigns: list[ast.Assign] = []
-    pending: list[ast.stmt] = list(node.body)
-    while pending:  # statements only (no expressions, no nested definitions): cheap on every function
-        statement = pending.pop()
+    for statement in _statements(node.body):
         if isinstance(statement, ast.Return) and statement.value is not None:
             returns.append(statement.value)
         elif isinstance(statement, ast.Assign):
             assigns.append(statement)
-        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-                for child in getattr(statement, field, ()):
-                    pending.extend(child.body if isinstance(child, (ast.ExceptHandler, ast.match_case)) else [child])
     return returns, assigns
 
 
@@ -830,14 +838,15 @@ _READS_BACK = frozenset({"cpu", "numpy", "item", "tolist", "to", "cuda"})
 
 
 def _computes_on_arguments(fn: FunctionSummary, params: set[str], returned: list[ast.expr],
-                           assigns: list[ast.Assign], module_method: bool) -> bool:
+                           assigns: list[ast.Assign], module_method: bool, lists: set[str]) -> bool:
     """A tensor helper (`def normalise(h): lo = h.min(1)[0]; return (h - lo) / (h.max(1)[0] - lo)`, a helper
-    calling `torch.softmax(logits)`, a network's method calling its layers `self.head(h)`): straight-line code
-    (the caller checks it has no loop) that calls torch, methods of its parameters or (a module's method) its own
-    layers and methods, returns a computed value, and never reads a value back to the host, moves one, or calls
-    NumPy. Judged from the call sites of its summary."""
-    computed = set(params) | {n.id for a in assigns if isinstance(a.value, _COMPUTED)
-                              for target in a.targets for n in pyast.walk(target) if isinstance(n, ast.Name)}
+    calling `torch.softmax(logits)`, a network's method calling its layers `self.head(h)`, the classic
+    `accuracy(output, target, topk=(1, 5))` appending one value per k to a list it returns): code without loops
+    over data (the caller checks) that calls torch, methods of its parameters or (a module's method) its own
+    layers and methods, returns a computed value (or a list of `lists`, of computed values), and never reads a
+    value back to the host, moves one, or calls NumPy. Judged from the call sites of its summary."""
+    computed = set(params) | lists | {n.id for a in assigns if isinstance(a.value, _COMPUTED)
+                                      for target in a.targets for n in pyast.walk(target) if isinstance(n, ast.Name)}
     values = [e for v in returned for e in (v.elts if isinstance(v, ast.Tuple) else [v])]
     if not all(isinstance(v, _COMPUTED) or isinstance(v, ast.Name) and v.id in computed for v in values):
         return False
@@ -849,6 +858,55 @@ def _computes_on_arguments(fn: FunctionSummary, params: set[str], returned: list
         uses_torch |= receiver.split(".", 1)[0] in ("torch", "F") or receiver.split(".", 1)[0] in params \
             or module_method and site.target[0] == "self"
     return uses_torch
+
+
+def _loops_over_settings(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Every loop of the function runs over a setting, not over data: `for k in topk` with `topk=(1, 5)` a
+    parameter default, a literal tuple or list, `range(3)`."""
+    arguments = node.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    settings = {a.arg for a, default in zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults)
+                if isinstance(default, (ast.Tuple, ast.List, ast.Constant))}
+    settings |= {a.arg for a, default in zip(arguments.kwonlyargs, arguments.kw_defaults)
+                 if isinstance(default, (ast.Tuple, ast.List, ast.Constant))}
+    for loop in _statements(node.body):
+        if isinstance(loop, ast.While):
+            return False
+        if isinstance(loop, (ast.For, ast.AsyncFor)):
+            iterable = loop.iter
+            if not (isinstance(iterable, ast.Name) and iterable.id in settings
+                    or isinstance(iterable, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Constant)
+                                                                           for e in iterable.elts)
+                    or isinstance(iterable, ast.Call) and _dotted(iterable.func) == "range"
+                    and all(isinstance(a, ast.Constant) for a in iterable.args)):
+                return False
+    return True
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a body and of the blocks inside it (last first), nested definitions left out: statements
+    only, no expressions, so cheap on every function."""
+    pending = list(body)
+    while pending:
+        statement = pending.pop()
+        yield statement
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(statement, field, ()):
+                    pending.extend(child.body if isinstance(child, (ast.ExceptHandler, ast.match_case)) else [child])
+
+
+def _computed_lists(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Names bound to `[]` that the function only appends computed values to (`res.append(wrong_k.mul_(100))`)."""
+    lists = {target.id for statement in _statements(node.body) if isinstance(statement, ast.Assign)
+             and isinstance(statement.value, ast.List) and not statement.value.elts
+             for target in statement.targets if isinstance(target, ast.Name)}
+    for call in pyast.walk(node):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+                and call.func.value.id in lists and (call.func.attr != "append" or len(call.args) != 1
+                                                     or not isinstance(call.args[0], (*_COMPUTED, ast.Name))):
+            lists.discard(call.func.value.id)
+    return lists
 
 
 def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
