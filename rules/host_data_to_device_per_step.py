@@ -412,7 +412,8 @@ class HostDataToDevicePerStep(Rule):
         data = source.args[0].value if source.args and source.args[0].keyword is None else None
         qual = self.ctx.qualname(source.func) or ""
         if data is not None and qual.endswith(("as_tensor", "asarray")):
-            if Placement(self.ctx).of(data) not in (NONTENSOR, HOST) and not self._from_environment(data):
+            if Placement(self.ctx).of(data) not in (NONTENSOR, HOST) and not self._from_environment(data) \
+                    and not self.ctx.evidence.is_cpu_source(data):
                 return  # as_tensor of a tensor that may already be on the device is a no-op
         elif data is not None and not qual.endswith("from_numpy") and not LEGACY_HOST_TENSOR.fullmatch(qual):
             # (a legacy CPU type, `torch.FloatTensor(x)`, holds host data whatever `x` is: a CUDA `x` raises)

@@ -666,6 +666,9 @@ class HostSyncInHotLoop(Rule):
         # names of program helpers this file's functions hand an argument that they read back (usually none)
         self._reading_helpers = {key.split("#reads-argument:", 1)[1].split(":", 1)[0]
                                  for key in ctx.analysis.program_keys if "#reads-argument:" in key}
+        # and of helpers that return their argument read back (`def to_cpu(t): return t.detach().cpu()`)
+        self._downloading_helpers = {key.split("#downloads:", 1)[1]
+                                     for key in ctx.analysis.program_keys if "#downloads:" in key}
 
     # -- where are we ------------------------------------------------------------------------
 
@@ -839,7 +842,8 @@ class HostSyncInHotLoop(Rule):
             return
         placement = Placement(self.ctx)
         for report_node, value, what in candidates:  # type: ignore[misc]
-            if severity is Severity.INFO and report_node is node and name in ("cpu", "to", "numpy"):
+            if severity is Severity.INFO and report_node is node and (name in ("cpu", "to", "numpy")
+                                                                      or self._downloaded(node) is not None):
                 continue  # an evaluation result copied out to be saved or scored: the copy is the output
             if (placement.may_be_on_device(value) or what == "`.item()`" and _names_a_loss(value)
                     and placement.of(value) is None) and not collective_read_back(self.ctx, value):
@@ -847,10 +851,17 @@ class HostSyncInHotLoop(Rule):
 
     def _read_by_helper(self, call: cst.Call) -> list[tuple[cst.CSTNode, cst.BaseExpression, str]]:
         """Arguments a program helper reads back to the host unconditionally (`def log(self, key, value, step):
-        value = value.item()`), from the call graph's `#reads-argument:` markers for this call."""
+        value = value.item()`), from the call graph's `#reads-argument:` markers for this call; the argument of a
+        helper returning it read back (`#downloads:` markers)."""
         called = last_name(call.func)
-        if not called or not self._reading_helpers or called not in self._reading_helpers:
+        if not called or called not in self._reading_helpers and called not in self._downloading_helpers:
             return []
+        downloaded = self._downloaded(call)
+        if downloaded is not None:
+            # in a training step; in a rollout it is mostly the action the environment needs (the helper's own
+            # line is judged where it is written, as well)
+            return [] if self.ctx.hot_kind() is HotKind.ROLLOUT else \
+                [(call, downloaded, f"`{called}()` copying a tensor to the host")]
         prefix = f"{self.ctx.analysis.key_of(self.ctx.enclosing(cst.FunctionDef))}#reads-argument:{called}:"
         found = []
         for key in self.ctx.analysis.program_keys:
@@ -860,6 +871,16 @@ class HostSyncInHotLoop(Rule):
                 if arg is not None and not arg.star:
                     found.append((arg.value, arg.value, f"`{called}()` reading a tensor back"))
         return found
+
+    def _downloaded(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The one argument of a call to a program helper that returns it read back to the host (`to_cpu(loss)`,
+        `to_np(q)`: the call graph's `#downloads:` markers)."""
+        called = last_name(call.func)
+        if called not in self._downloading_helpers or len(call.args) != 1 or call.args[0].keyword is not None \
+                or call.args[0].star:
+            return None
+        key = self.ctx.analysis.key_of(self.ctx.enclosing(cst.FunctionDef))
+        return call.args[0].value if f"{key}#downloads:{called}" in self.ctx.analysis.program_keys else None
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         if not self._enabled:

@@ -923,7 +923,8 @@ def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -
                     built[name.id] = _builds_on_host(value) or isinstance(value, ast.Name) and built.get(value.id, False)
     for value in returned:
         elements = value.elts if isinstance(value, (ast.Tuple, ast.List)) else [value]
-        verdicts = [_builds_on_host(e) or isinstance(e, ast.Name) and built.get(e.id, False) for e in elements]
+        verdicts = [_builds_on_host(e) or isinstance(base := _shape_kept(e), ast.Name) and built.get(base.id, False)
+                    for e in elements]
         if any(verdicts) and not any(isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute)
                                      and e.func.attr in ("to", "cuda") for e in elements):
             return True
@@ -941,15 +942,21 @@ def _returned_positions(returned: list[ast.expr], names: set[str]) -> tuple[int 
     return tuple(sorted(found or (), key=lambda i: -1 if i is None else i))
 
 
+def _shape_kept(value: ast.expr) -> ast.expr:
+    """`x` of `x.float().reshape(n, -1)`: casts and reshapes keep a tensor where it is."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous", "unsqueeze",
+                                    "squeeze", "view", "reshape"):
+        value = value.func.value
+    return value
+
+
 def _builds_on_host(value: ast.expr) -> bool:
     """`torch.tensor(x)`, `torch.from_numpy(a).float()`, `torch.FloatTensor(b)`, without `device=`; also a choice
     between one and a value passed through (`torch.from_numpy(x) if isinstance(x, np.ndarray) else x`)."""
     if isinstance(value, ast.IfExp):
         return _builds_on_host(value.body) or _builds_on_host(value.orelse)
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-            and value.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous", "unsqueeze",
-                                    "squeeze", "view", "reshape"):
-        value = value.func.value
+    value = _shape_kept(value)
     if not isinstance(value, ast.Call) or any(k.arg == "device" for k in value.keywords):
         return False
     dotted = _dotted(value.func) or ""
