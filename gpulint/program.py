@@ -183,6 +183,41 @@ def program_index(ctx) -> ProgramIndex:
     return index
 
 
+def defining_files(ctx, keyword: str, name: str) -> list[str]:
+    """The files of the current file's reach (itself included) that define `name` at the start of a line with
+    `keyword` (`class` or `def`)."""
+    index = program_index(ctx)
+    defines = re.compile(rf"^{keyword}\s+{re.escape(name)}\b", re.M)
+    return [path for path in sorted(index.reach(ctx.path)) if defines.search(index.sources[path])]
+
+
+def function_calls(ctx, name: str) -> frozenset[str] | None:
+    """The names called (last part: `seed` for `np.random.seed(...)`) by the top-level function `name` of the
+    current file or, failing that, of the one file it imports that defines it; None when it is not found."""
+    files = defining_files(ctx, "def", name)
+    here = [path for path in files if path == ctx.path]
+    files = here or files
+    if len(files) != 1:
+        return None
+    return _top_level_calls(program_index(ctx).sources[files[0]]).get(name)
+
+
+@lru_cache(maxsize=256)
+def _top_level_calls(text: str) -> dict[str, frozenset[str]]:
+    """Top-level function name -> the last names of the calls in its body."""
+    import ast
+
+    from gpulint.semantic.pyast import dotted
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    return {node.name: frozenset((dotted(call.func) or "").rsplit(".", 1)[-1] for call in ast.walk(node)
+                                 if isinstance(call, ast.Call))
+            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
 def current_text(ctx) -> str:
     """The text of the file being linted, as the run read it. During fix passes the file may have changed
     since; rules that fix make their own idempotency checks on the syntax tree. (Regenerating the text from

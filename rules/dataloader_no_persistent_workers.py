@@ -10,7 +10,12 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, dotted_name, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
+from gpulint.program import function_calls
 from gpulint.semantic.loaders import LoaderFlow, checkable_loader_call, int_literal, loader_arg
+
+# what a `worker_init_fn` that only seeds random generators calls (`np.random.seed(torch.initial_seed() % 2**32)`)
+_SEEDING = frozenset({"seed", "manual_seed", "manual_seed_all", "SeedSequence", "generate_state", "default_rng",
+                      "initial_seed", "get_state", "get_worker_info", "int", "abs", "hash"})
 
 _COUNT_FUNCTIONS = {"os.cpu_count", "multiprocessing.cpu_count", "torch.get_num_threads"}
 
@@ -47,7 +52,8 @@ class DataloaderNoPersistentWorkers(Rule):
     made to the dataset object in the main process (curriculum stages, `dataset.set_epoch(...)`) no longer
     reach them, and `worker_init_fn` runs once instead of every epoch. The rule does not fire when the epoch
     loop visibly changes the dataset (sampler `set_epoch` is fine: the sampler runs in the main process), when
-    a `worker_init_fn` is given, for single-epoch loops, or when `*args`/`**kwargs` may already set the option.
+    a `worker_init_fn` does more than seed random generators, for single-epoch loops, or when `*args`/`**kwargs`
+    may already set the option.
     """
 
     code = "GPU051"
@@ -266,14 +272,27 @@ class DataloaderNoPersistentWorkers(Rule):
         super().__init__(ctx)
         self._loop_changes: dict[int, _LoopChanges] = {}
 
+    def _only_seeds(self, initializer: cst.BaseExpression) -> bool:
+        """A `worker_init_fn` of the program that only seeds random generators from the worker's torch seed
+        (`np.random.seed(torch.initial_seed() % 2**32)`), which changes every epoch: run once per persistent
+        worker, its generators go on drawing new numbers each epoch, as reseeded ones would. (A seed from the
+        worker id alone repeats each epoch's numbers; persistent workers would change that.)"""
+        if not isinstance(initializer, cst.Name):
+            return False
+        calls = function_calls(self.ctx, initializer.value)
+        return calls is not None and calls <= _SEEDING and bool(calls & {"initial_seed", "get_worker_info"})
+
     def visit_Call(self, node: cst.Call) -> None:
         if not checkable_loader_call(self.ctx, node):
             return
         workers = loader_arg(node, "num_workers")
         if workers is None or self._no_workers(workers.value):
             return
-        if loader_arg(node, "persistent_workers") is not None or loader_arg(node, "worker_init_fn") is not None:
+        if loader_arg(node, "persistent_workers") is not None:
             return
+        initializer = loader_arg(node, "worker_init_fn")
+        if initializer is not None and not self._only_seeds(initializer.value):
+            return  # it may need to run every epoch
         if torch_pinned_below(self.ctx.path, (1, 7)):
             return  # `persistent_workers` arrived in torch 1.7
         flow = LoaderFlow.of(self.ctx.analysis)

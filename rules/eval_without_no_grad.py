@@ -958,7 +958,8 @@ def _only_read_as_data(flow: LoaderFlow, region: cst.CSTNode, defining: cst.Simp
 
 def _used_earlier_in_its_loop(flow: LoaderFlow, defining: cst.SimpleStatementLine, names: set[str]) -> bool:
     """Is one of `names` read, in the innermost loop that runs `defining` (within its function), by a statement
-    before it? That statement sees the previous iteration's value."""
+    before it? That statement sees the previous iteration's value, unless an earlier statement of its own block
+    set the name (`if eval_mode: a = net(s); a = a.cpu()` before the training branch's `a = net(s)`)."""
     loop = None
     for node in reversed(flow.ancestors(defining)):
         if isinstance(node, (cst.FunctionDef, cst.Lambda)):
@@ -972,11 +973,24 @@ def _used_earlier_in_its_loop(flow: LoaderFlow, defining: cst.SimpleStatementLin
         if node is defining:
             return False
         if isinstance(node, cst.SimpleStatementLine):
-            if (names_in(node) - _bound_by([s for s in node.body if isinstance(s, cst.Assign)])) & names:
+            read = (names_in(node) - _bound_by([s for s in node.body if isinstance(s, cst.Assign)])) & names
+            if read - _set_before_in_block(flow, node):
                 return True
         elif isinstance(node, (cst.If, cst.While)) and names_in(node.test) & names:
             return True
     return False
+
+
+def _set_before_in_block(flow: LoaderFlow, statement: cst.SimpleStatementLine) -> set[str]:
+    """Names assigned by the statements before `statement` in its own block."""
+    block = flow.parents.get(id(statement))
+    found: set[str] = set()
+    for sibling in getattr(block, "body", ()):
+        if sibling is statement:
+            break
+        if isinstance(sibling, cst.SimpleStatementLine):
+            found |= _bound_by([s for s in sibling.body if isinstance(s, cst.Assign)])
+    return found
 
 
 def _bound_by(assigns: list[cst.Assign]) -> set[str]:

@@ -858,7 +858,8 @@ class SplitForwardSameModule(Rule):
         derived[key] |= _assigned(statement)
 
     def _key(self, site: _Site) -> str:
-        """Callee, keywords, positional count and, for a site that may be rewritten, its statement shape."""
+        """Callee, keywords and positional count (the statements' shapes may differ: `q = net(s, a)`,
+        `q2 = net(s, pi).squeeze(1)`; such a group is reported without a rewrite)."""
         call = site.call
         keywords = sorted((a.keyword.value, code_of(a.value)) for a in call.args if a.keyword is not None)
         positional = sum(1 for a in call.args if a.keyword is None)
@@ -866,7 +867,7 @@ class SplitForwardSameModule(Rule):
         if isinstance(callee, cst.Attribute) and callee.attr.value == "forward" \
                 and self.modules.of_callee(callee, self.ctx.ancestors) is not None:
             callee = callee.value  # `q(s2, a2)` and `q.forward(s, a)` are one network's forwards
-        return f"{code_of(callee)}|{keywords}|{positional}|{'' if site.nested else site.template}"
+        return f"{code_of(callee)}|{keywords}|{positional}"
 
     # -- reporting a group ---------------------------------------------------------------------
 
@@ -888,6 +889,8 @@ class SplitForwardSameModule(Rule):
             why_not = "a later batch is prepared between the calls; move its preparation above the first call"
         if why_not is None and any(s.nested for s in group):
             why_not = "a call is an argument of another expression (`torch.min(q1(s, a), ...)`); merge by hand"
+        if why_not is None and len({s.template for s in group}) > 1:
+            why_not = "the calls' results are used differently (one is reshaped or indexed); merge by hand"
         if why_not is None:
             why_not = self._between_blockers(block, group, differing)
         replacement = None
@@ -917,10 +920,10 @@ class SplitForwardSameModule(Rule):
             return None  # `f(x, 6)` and `f(y, 3)`: a differing setting, not a batch
         for i in differing:
             # `net(self.src_embed(src))`, `net(self.tgt_embed(tgt))`: different kinds of data (other shapes); a
-            # batch detached or cast (`D(real)`, `D(fake.detach())`) is the same kind
+            # batch detached or cast (`D(real)`, `D(fake.detach())`) is the same kind, and so is one produced
+            # beside one passed in (`q(s, policy(s))`, `q(s, acts)`)
             values = [_shape_kept(p[i].value) for p in positional]
-            producers = {code_of(v.func) if isinstance(v, cst.Call) else None for v in values}
-            if len(producers) > 1 and not producers <= {None}:
+            if len({code_of(v.func) for v in values if isinstance(v, cst.Call)}) > 1:
                 return None
         # the same batch twice (`net(x)` and `net(x)`) is a different problem
         texts = [tuple(code_of(p[i].value) for i in differing) for p in positional]

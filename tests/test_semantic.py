@@ -16,7 +16,7 @@ import pytest
 
 from gpulint.analysis import HotKind, analyze
 from gpulint.engine import ProgramFacts, node_positions
-from gpulint.semantic.callgraph import CallGraph, Frequency
+from gpulint.semantic.callgraph import CallGraph, Frequency, call_graph_state
 from gpulint.semantic.loaders import LoaderFlow
 
 PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
@@ -389,3 +389,21 @@ def test_work_estimate_ignores_the_stem_conv() -> None:
 def test_a_call_handed_a_loss_and_an_optimizer_is_a_step(arguments: list[str], step: bool) -> None:
     from gpulint.semantic.vocab import steps_with
     assert steps_with(arguments) is step
+
+
+@pytest.mark.parametrize(("differentiate", "trained"), [
+    ("torch.autograd.grad(kl, params, create_graph=True)", True),  # TRPO's Hessian-vector product
+    ("kl.backward()", True),
+    ("print(float(kl))", False),
+])
+def test_a_result_the_caller_differentiates_is_trained(differentiate: str, trained: bool) -> None:
+    """A helper whose result the caller backpropagates or hands to `torch.autograd.grad` returns a value with its
+    graph on purpose (`#returns-trained`): no rule may advise running it without gradients."""
+    text = ("import torch\n"
+            "def kl_divergence(old, new, obs):\n"
+            "    return ((old(obs).detach() - new(obs)) ** 2).mean()\n"
+            "def hessian_vector_product(old, new, obs, params):\n"
+            "    kl = kl_divergence(old, new, obs)\n"
+            f"    return {differentiate}\n")
+    keys = call_graph_state({"trpo.py": text}, frozenset())[0].get("trpo.py", {})
+    assert ("kl_divergence#returns-trained" in keys) is trained

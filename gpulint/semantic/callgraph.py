@@ -600,6 +600,10 @@ class _Summariser:
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 loss = call.args[0] if call.args else call.func.value
                 fn.backward_names.update(n.id for n in pyast.walk(loss) if isinstance(n, ast.Name))
+            elif isinstance(call.func, ast.Attribute) and call.func.attr == "grad" and call.args \
+                    and vocab.last_part(_dotted(call.func.value)) == "autograd":
+                # `torch.autograd.grad(kl, params)` differentiates its outputs as `.backward()` does
+                fn.backward_names.update(n.id for n in pyast.walk(call.args[0]) if isinstance(n, ast.Name))
             dotted = _dotted(call.func)
             if dotted is None:
                 continue

@@ -821,13 +821,10 @@ def program_class_facts(ctx) -> Callable[[str], ModuleFacts | None]:  # noqa: AN
     """For `ModuleResolver(imported=...)`: the facts of a network class the current file imports, read from the
     one file of its program (among those it imports, transitively) that defines a class of that name; None when
     none or several do. Each such file is parsed once per run, and only when a rule asks."""
-    from gpulint.program import program_index  # (the program layer reads imports without libcst)
+    from gpulint.program import defining_files  # (the program layer reads imports without libcst)
 
     def facts(name: str) -> ModuleFacts | None:
-        index = program_index(ctx)
-        defines = re.compile(rf"^class\s+{re.escape(name)}\b", re.M)
-        files = [path for path in sorted(index.reach(ctx.path))
-                 if path != ctx.path and defines.search(index.sources[path])]
+        files = [path for path in defining_files(ctx, "class", name) if path != ctx.path]
         if len(files) != 1:
             return None
         path = files[0]
