@@ -407,3 +407,17 @@ def test_a_result_the_caller_differentiates_is_trained(differentiate: str, train
             f"    return {differentiate}\n")
     keys = call_graph_state({"trpo.py": text}, frozenset())[0].get("trpo.py", {})
     assert ("kl_divergence#returns-trained" in keys) is trained
+
+
+@pytest.mark.parametrize(("code", "mixed"), [
+    ("from apex import amp\nmodel, opt = amp.initialize(model, opt)\n", True),
+    ("import apex\n", True),
+    ("from apex.parallel.LARC import LARC\noptimizer = LARC(optimizer)\n", False),
+    ("from apex.parallel import DistributedDataParallel as DDP\n", False),
+    ("from apex.optimizers import FusedAdam\n", False),
+])
+def test_apex_means_mixed_precision_only_through_amp(code: str, mixed: bool) -> None:
+    """A linear-probe script importing Apex's LARC optimizer trains in fp32: it must not count as mixed precision
+    (which silences the precision rules for the whole program)."""
+    from gpulint.semantic.precision import LOW_PRECISION, in_code
+    assert in_code(LOW_PRECISION, code) is mixed

@@ -235,10 +235,11 @@ def location(ctx, path: str, line: int) -> str:
 
 
 # Text markers; the precision rules search them in code only (`in_code`): a comment or docstring that mentions
-# bf16 or a commented-out TF32 switch changes nothing the program runs.
+# bf16 or a commented-out TF32 switch changes nothing the program runs. Apex's data-parallel wrapper, LARC/LARS and
+# fused optimizers, and fused norms are no mixed precision (`apex.amp` is).
 LOW_PRECISION = re.compile(
     r"autocast|\.half\(|\btorch\.half\b|float16|bfloat16|\bbf16\b|\bfp16\b|mixed_precision|GradScaler|"
-    r"\bapex\b|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|"
+    r"\bapex\b(?!\.(parallel|optimizers|normalization)\b)|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|"
     r"\.to\(\s*dtype\s*=\s*(?!torch\.(float32|float|long|int64|int32|int|bool|uint8)\b)")  # not fp32 / integer casts
 # fp64 torch code (`np.float64` arrays of visit counts or returns are not a float64 network); searched in code
 # only (`in_code`): a docstring saying "float64" is not a float64 network either
