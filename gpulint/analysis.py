@@ -1472,6 +1472,12 @@ class Evidence:
                         return True
         return False
 
+    def receives_observation(self, parameter: str) -> bool:
+        """A parameter of the enclosing function that its callers pass what a host-side environment returned
+        (`#env-parameter:` marker of the program's call graph: `agent.act(time_step.observation)`): NumPy data."""
+        function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
+        return function is not None and f"{self.a.key_of(function)}#env-parameter:{parameter}" in self.a.program_keys
+
     def _receives_batch(self, parameter: str) -> bool:
         """A parameter of the enclosing function that its callers pass part of a loader's batch (`#batch-parameter:`
         marker of the program's call graph: `for x, y in loader: calc_loss(x, y, model)`)."""

@@ -535,10 +535,13 @@ class HostDataToDevicePerStep(Rule):
         return cuda[0] if cuda else ""
 
     def _from_environment(self, data: cst.BaseExpression) -> bool:
-        """`obs, rew, term, trunc, _ = env.step(action)`: what a host-side simulator returns (NumPy)."""
+        """`obs, rew, term, trunc, _ = env.step(action)`: what a host-side simulator returns (NumPy); also a
+        parameter every caller seen passes such a value for (`def act(self, obs)` called as `act(time_step.obs)`)."""
         if not isinstance(data, cst.Name):
             return False
         bindings = Placement(self.ctx).reaching(data.value)
+        if bindings and all(b.kind is BindingKind.PARAM for b in bindings):
+            return self.ctx.evidence.receives_observation(data.value)
         return bool(bindings) and all(
             b.kind is BindingKind.UNPACK and isinstance(b.value, cst.Call) and is_env_step(dotted_name(b.value.func))
             for b in bindings)

@@ -83,6 +83,8 @@ class CallSite:
     read_back: bool = False  # its result is only read back to the host (`f(s).detach().cpu().numpy()`)
     guards: tuple[str, ...] = ()  # names tested bare by the `if`s around it in its function (`if vis_result:`)
     numbers_only: bool = False  # passes only Python numbers (`logger.update(loss=loss.item(), lr=lr)`)
+    # (keyword or position) of arguments an environment returned (`agent.act(time_step.observation)`)
+    observed: tuple[str | int, ...] = ()
 
     @property
     def loop(self) -> int:
@@ -135,6 +137,8 @@ class FunctionSummary:
     builds: tuple[str, ...] = ()  # program classes it returns instances of (`def create_diffusion(): return Spaced(...)`)
     # names set from a throttling test (`vis = step % k == 0`, `if step % k == 0: vis = True else: vis = False`)
     throttle_flags: set[str] = field(default_factory=set)
+    # names bound to what a host-side environment returns (`obs, r, done, _ = env.step(a)`, `obs = env.reset()`)
+    env_names: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -390,6 +394,24 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
     return vocab.throttles(names - every, has_modulo)
 
 
+def _observes_environment(call: ast.Call) -> bool:
+    """`env.step(action)`, `env.reset()`, `self.train_env.step(a)`: what a host-side environment returns."""
+    dotted = _dotted(call.func) or ""
+    return vocab.is_env_step(dotted) or (vocab.last_part(dotted) == "reset"
+                                         and bool(vocab.ENV_RECEIVER.search(vocab.receiver(dotted))))
+
+
+def _observed(value: ast.expr, names: set[str]) -> bool:
+    """Is the argument an environment's output: a name bound to one, an attribute or item of it
+    (`time_step.observation`, `obs[None]`), or one of those wrapped by NumPy (`np.array(state)`)?"""
+    if isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords \
+            and (_dotted(value.func) or "").split(".")[0] in ("np", "numpy"):
+        value = value.args[0]
+    while isinstance(value, (ast.Attribute, ast.Subscript)):
+        value = value.value
+    return isinstance(value, ast.Name) and value.id in names
+
+
 def _resets_its_counter(node: ast.If) -> bool:
     """`if self.steps == self.sample_size: train(); self.steps = 0`: a counter compared in the test and set back
     to zero in the body, so the body runs once every N iterations (an on-policy update per collected rollout).
@@ -544,6 +566,8 @@ class _Summariser:
             self._record_instance(node)
             self._record_partial(node)
             self._record_result(node, fn, bool(loops))
+            if isinstance(node, ast.Assign) and _observes_environment(node.value):
+                fn.env_names.update(n.id for t in node.targets for n in pyast.walk(t) if isinstance(n, ast.Name))
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self._binding[id(node.value)] = node.targets[0].id
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.IfExp):
@@ -552,6 +576,8 @@ class _Summariser:
             for bound in node.targets:
                 if (name := _dotted(bound)) is not None:
                     fn.copies.setdefault(name, []).append(source)
+                    if source.split(".")[0] in fn.env_names and isinstance(bound, ast.Name):
+                        fn.env_names.add(bound.id)  # `obs = next_obs`, `obs = time_step.observation`
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and isinstance(node.value, (ast.Compare, ast.BoolOp)) and _throttling(node.value, self.constants):
             fn.throttle_flags.add(node.targets[0].id)  # `vis = step % config.vis_interval == 0`
@@ -620,9 +646,11 @@ class _Summariser:
             references = tuple((slot, dotted) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
             values = [*call.args, *(k.value for k in call.keywords)]
+            observed = tuple(slot for slot, value in arguments if _observed(value, fn.env_names)) \
+                if fn.env_names else ()
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards), bool(values) and all(
-                                         _is_number(v, self._number_names) for v in values)))
+                                         _is_number(v, self._number_names) for v in values), observed))
             started = _started_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
@@ -1974,6 +2002,7 @@ class CallGraph:
         that calls a tensor helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
         parameter defaulting to the CPU its callers pass a value for `<function key>#device-passed:<parameter>`,
+        one whose parameter its callers pass what an environment returned `<function key>#env-parameter:<parameter>`,
         one that hands a helper an argument the helper reads back to the host (`logger.log("loss", loss)` with
         `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`, one whose parameter
         its callers pass a flag set every N steps (`vis_result = step % k == 0`) `<function key>#throttle-flag:<name>`,
@@ -2055,6 +2084,12 @@ class CallGraph:
                             if all(self._slot_parameter(key, site, slot) in callee.reads_params
                                    for key, callee in zip(resolved, callees)):
                                 found.setdefault(path, {})[f"{fn.key}#reads-argument:{site.target[-1]}:{slot}"] = \
+                                    Frequency.ONCE
+                    for slot in site.observed:  # `agent.act(obs)` with `obs` from `env.step(...)`
+                        for callee_path, callee_key in resolved:
+                            parameter = self._slot_parameter((callee_path, callee_key), site, slot)
+                            if parameter is not None:
+                                found.setdefault(callee_path, {})[f"{callee_key}#env-parameter:{parameter}"] = \
                                     Frequency.ONCE
                     for slot, name in site.passed:  # `update(batch, vis_result)` with `vis_result = step % k == 0`
                         if name in fn.throttle_flags:
