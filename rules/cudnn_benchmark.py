@@ -71,7 +71,8 @@ class CudnnBenchmark(Rule):
     safety = Safety.SUGGEST
     priority = "P3"
     default_enabled = False
-    triggers = ("Conv", "models", "cudnn", "backward")  # the network may be built in another file
+    # no text triggers: the training loop may sit in a file that names neither the network (built in another
+    # file) nor a backward pass (`agent.update(...)` trains in another file)
     examples = [
         Valid(
             """
@@ -147,7 +148,7 @@ class CudnnBenchmark(Rule):
         self._loop(node)
 
     def _loop(self, node: cst.CSTNode) -> None:
-        if self._reported_loop or self.ctx.analysis.hot.get(id(node)) is not HotKind.STEP_LOOP:
+        if self._reported_loop or not self._trains(node):
             return
         self._reported_loop = True  # one finding per file, at its first training loop
         texts = program_texts(self.ctx)
@@ -155,13 +156,25 @@ class CudnnBenchmark(Rule):
         # a loop file that names no convolution builds its network elsewhere: the conv layers must be in a file
         # it imports itself (`from nets import build`), not somewhere deep in a library it uses (peft's adapters
         # for Conv2d layers do not make a language model a conv net)
-        conv_texts = texts if any(word in own for word in self.triggers[:3]) else imported_texts(self.ctx)
+        conv_texts = texts if any(word in own for word in _NAMES_A_NETWORK) else imported_texts(self.ctx)
         if is_test_path(self.ctx.path) or not any(mentions(_CONV, t) for t in conv_texts) \
                 or not _trains_on_cuda(self.ctx, texts):
             return
         if any(mentions(_BENCHMARK, t) or mentions(_DETERMINISTIC, t) for t in texts):
             return
         self.report(node)
+
+    def _trains(self, loop: cst.CSTNode) -> bool:
+        """A training loop, or the environment loop of a script's function that trains (`for step in ...:
+        env.step(a)`, then `agent.update(...)` in another file); a library's agents are judged where their
+        script's loop is."""
+        analysis = self.ctx.analysis
+        kind = analysis.hot.get(id(loop))
+        if kind is HotKind.STEP_LOOP:
+            return True
+        function = self.ctx.enclosing(cst.FunctionDef)
+        return kind is HotKind.ROLLOUT and analysis.main_guard is not None \
+            and f"{analysis.key_of(function)}#trains" in analysis.program_keys
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if not (isinstance(node.value, cst.Name) and node.value.value == "True"):
@@ -172,6 +185,9 @@ class CudnnBenchmark(Rule):
         if any(mentions(_SEQUENCE_CONV, t) for t in texts) and any(mentions(_VARIABLE_SHAPES, t) for t in texts):
             self.report(node, "`cudnn.benchmark = True` with input shapes that vary per batch re-runs the "
                               "autotuner for every new shape; set it to False")
+
+
+_NAMES_A_NETWORK = ("Conv", "models", "cudnn")  # a loop file naming one of these may build the network itself
 
 
 def _trains_on_cuda(ctx, texts: list[str]) -> bool:
