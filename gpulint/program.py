@@ -92,6 +92,7 @@ class ProgramIndex:
                 targets.discard(path)
                 self.edges[path] |= targets
         self._reach: dict[str, frozenset[str]] = {}
+        self._definitions: dict[str, dict[str, list[str]]] = {}
         self._related: dict[str, frozenset[str]] = {}
         self.cuda_related: dict[str, bool] = {}  # path -> a related file names CUDA (RuleContext.targets_cuda)
         self.hogwild: dict[str, bool] = {}  # path -> its program trains shared-memory CPU workers (hogwild_program)
@@ -126,6 +127,18 @@ class ProgramIndex:
 
         best = max(shared(c) for c in candidates)
         return [c for c in candidates if shared(c) == best]
+
+    def definitions(self, keyword: str) -> dict[str, list[str]]:
+        """name -> the files (sorted) that define it at the start of a line with `keyword` (`class`, `def`):
+        every text is scanned once per run, not once per name asked."""
+        found = self._definitions.get(keyword)
+        if found is None:
+            found = self._definitions[keyword] = {}
+            pattern = re.compile(rf"^{keyword}\s+(\w+)", re.M)
+            for path in sorted(self.paths):
+                for name in dict.fromkeys(pattern.findall(self.sources[path])):
+                    found.setdefault(name, []).append(path)
+        return found
 
     def reach(self, path: str) -> frozenset[str]:
         if path not in self._reach:
@@ -187,8 +200,8 @@ def defining_files(ctx, keyword: str, name: str) -> list[str]:
     """The files of the current file's reach (itself included) that define `name` at the start of a line with
     `keyword` (`class` or `def`)."""
     index = program_index(ctx)
-    defines = re.compile(rf"^{keyword}\s+{re.escape(name)}\b", re.M)
-    return [path for path in sorted(index.reach(ctx.path)) if defines.search(index.sources[path])]
+    reach = index.reach(ctx.path)
+    return [path for path in index.definitions(keyword).get(name, ()) if path in reach]
 
 
 def function_calls(ctx, name: str) -> frozenset[str] | None:
