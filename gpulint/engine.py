@@ -442,31 +442,44 @@ def _positions_by_statement(module: cst.Module, wanted: list[cst.CSTNode], text:
     """The ranges of the nodes in the top-level statements that hold a wanted node, each statement generated on
     its own and placed where its code stands in `text` (lossless: a top-level statement's code is a slice of the
     file that starts a line). Generating the statements between them is what this saves, a third to a half of
-    all position time. None (the caller generates the module) when a wanted node is in no statement or a
-    statement's code is not found exactly once at the start of a line."""
+    all position time. None (the caller generates the module) when a wanted node is in no statement, a
+    statement's code is not found exactly once at the start of a line, or more than `_PLACED_STATEMENTS`
+    statements hold wanted nodes (each placement searches the text: many of them would cost more than one
+    generation of the whole module, and grow with the square of the file's size)."""
     if not module.has_trailing_newline:
         return None  # the last statement's code ends with a newline the text lacks
     remaining = {id(node) for node in wanted}
-    ranges: dict[int, tuple[int, int, int, int]] = {}
+    holding: list[cst.BaseStatement] = []
     for full_walk in (False, True):  # syntax nodes first (their children are remembered); tokens if still missing
         for statement in module.body:
             if not remaining:
-                return ranges
+                break
             inside = remaining.intersection(map(id, _every_node(statement) if full_walk
                                                 else walk(statement, into_functions=True)))
-            if not inside:
-                continue
-            state = _PositionState(module.default_indent, module.default_newline)
-            statement._codegen(state)
-            code = "".join(state.tokens)
-            at = text.find(code)
-            if at < 0 or (at > 0 and text[at - 1] not in "\r\n") or text.find(code, at + 1) >= 0:
-                return None
-            lines_before = len(_NEWLINES.findall(text, 0, at))
-            ranges.update((key, (start + lines_before, column, end + lines_before, end_column))
-                          for key, (start, column, end, end_column) in state.ranges.items())
-            remaining -= set(state.ranges)
-    return ranges if not remaining else None
+            if inside:
+                holding.append(statement)
+                remaining -= inside
+                if len(holding) > _PLACED_STATEMENTS:
+                    return None
+    if remaining:
+        return None
+    ranges: dict[int, tuple[int, int, int, int]] = {}
+    order = {id(statement): index for index, statement in enumerate(module.body)}
+    for statement in sorted(holding, key=lambda s: order[id(s)]):
+        state = _PositionState(module.default_indent, module.default_newline)
+        statement._codegen(state)
+        code = "".join(state.tokens)
+        at = text.find(code)
+        if at < 0 or (at > 0 and text[at - 1] not in "\r\n") or text.find(code, at + 1) >= 0:
+            return None
+        lines_before = len(_NEWLINES.findall(text, 0, at))
+        ranges.update((key, (start + lines_before, column, end + lines_before, end_column))
+                      for key, (start, column, end, end_column) in state.ranges.items())
+    return ranges
+
+
+# Top-level statements placed by their text at most (see `_positions_by_statement`).
+_PLACED_STATEMENTS = 16
 
 
 def _every_node(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
