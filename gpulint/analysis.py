@@ -1475,14 +1475,16 @@ class Evidence:
     def receives_observation(self, parameter: str) -> bool:
         """A parameter of the enclosing function that its callers pass what a host-side environment returned
         (`#env-parameter:` marker of the program's call graph: `agent.act(time_step.observation)`): NumPy data."""
-        function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
-        return function is not None and f"{self.a.key_of(function)}#env-parameter:{parameter}" in self.a.program_keys
+        return self._parameter_marked("env-parameter", parameter)
 
     def _receives_batch(self, parameter: str) -> bool:
         """A parameter of the enclosing function that its callers pass part of a loader's batch (`#batch-parameter:`
         marker of the program's call graph: `for x, y in loader: calc_loss(x, y, model)`)."""
+        return self._parameter_marked("batch-parameter", parameter)
+
+    def _parameter_marked(self, marker: str, parameter: str) -> bool:
         function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
-        return function is not None and f"{self.a.key_of(function)}#batch-parameter:{parameter}" in self.a.program_keys
+        return function is not None and f"{self.a.key_of(function)}#{marker}:{parameter}" in self.a.program_keys
 
     def samples_host_batch(self, call: cst.Call) -> bool:
         """`memory.sample(batch_size)` (or `buffer.sample.remote(n)` through Ray) where the program's call graph

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from gpulint import legacy
-from gpulint.analysis import FileAnalysis, analyze, child_nodes, is_node_type, traverse, walk
+from gpulint.analysis import FileAnalysis, FileStructure, analyze, is_node_type, traverse, walk
 from gpulint.diagnostics import Diagnostic, Edit, Fix, Position, Severity
 from gpulint.program import hogwild_program
 from gpulint.registry import META_CODES
@@ -381,7 +381,7 @@ def lint_text(
         return LintResult(path, apply_suppressions([], text, path, (r.code for r in rules)), module, analysis)
     positions = _Positions(module, _needed_nodes(reports, module, analysis), text)
     newline = newline_of(text)
-    indents = _Indents(module)
+    indents = _Indents(module, analysis)
     diagnostics = [_to_diagnostic(path, rule, report, positions, module, analysis, newline, indents, text)
                    for rule, report in reports]
     diagnostics = apply_suppressions(diagnostics, text, path, (r.code for r in rules))
@@ -614,25 +614,18 @@ _NEWLINES = re.compile(r"\r\n?|\n")
 class _Indents:
     """Indentation tokens of the blocks around a node, so multi-line replacements keep their indentation."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, analysis: FileAnalysis) -> None:
         self.module = module
-        self._parents: dict[int, cst.CSTNode] | None = None
+        self.analysis = analysis
 
     def tokens_for(self, node: cst.CSTNode) -> list[str]:
-        if self._parents is None:
-            self._parents = {}
-            stack: list[cst.CSTNode] = [self.module]
-            while stack:
-                current = stack.pop()
-                for child in child_nodes(current):
-                    self._parents[id(child)] = current
-                    stack.append(child)
+        parents = FileStructure.of(self.analysis).parents
         tokens = []
-        current = self._parents.get(id(node))
+        current = parents.get(id(node))
         while current is not None:
             if isinstance(current, cst.IndentedBlock):
                 tokens.append(current.indent if current.indent is not None else self.module.default_indent)
-            current = self._parents.get(id(current))
+            current = parents.get(id(current))
         return tokens[::-1]
 
 

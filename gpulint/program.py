@@ -212,23 +212,9 @@ def function_calls(ctx, name: str) -> frozenset[str] | None:
     files = here or files
     if len(files) != 1:
         return None
-    return _top_level_calls(program_index(ctx).sources[files[0]]).get(name)
+    from gpulint.semantic.pyast import top_level_calls
 
-
-@lru_cache(maxsize=256)
-def _top_level_calls(text: str) -> dict[str, frozenset[str]]:
-    """Top-level function name -> the last names of the calls in its body."""
-    import ast
-
-    from gpulint.semantic.pyast import dotted
-
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    return {node.name: frozenset((dotted(call.func) or "").rsplit(".", 1)[-1] for call in ast.walk(node)
-                                 if isinstance(call, ast.Call))
-            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return top_level_calls(program_index(ctx).sources[files[0]]).get(name)
 
 
 def current_text(ctx) -> str:

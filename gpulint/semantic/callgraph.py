@@ -394,13 +394,6 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
     return vocab.throttles(names - every, has_modulo)
 
 
-def _observes_environment(call: ast.Call) -> bool:
-    """`env.step(action)`, `env.reset()`, `self.train_env.step(a)`: what a host-side environment returns."""
-    dotted = _dotted(call.func) or ""
-    return vocab.is_env_step(dotted) or (vocab.last_part(dotted) == "reset"
-                                         and bool(vocab.ENV_RECEIVER.search(vocab.receiver(dotted))))
-
-
 def _observed(value: ast.expr, names: set[str]) -> bool:
     """Is the argument an environment's output: a name bound to one, an attribute or item of it
     (`time_step.observation`, `obs[None]`), or one of those wrapped by NumPy (`np.array(state)`)?"""
@@ -566,7 +559,7 @@ class _Summariser:
             self._record_instance(node)
             self._record_partial(node)
             self._record_result(node, fn, bool(loops))
-            if isinstance(node, ast.Assign) and _observes_environment(node.value):
+            if isinstance(node, ast.Assign) and vocab.returns_observation(_dotted(node.value.func)):
                 fn.env_names.update(n.id for t in node.targets for n in pyast.walk(t) if isinstance(n, ast.Name))
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self._binding[id(node.value)] = node.targets[0].id

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from collections import deque
+from functools import lru_cache
 from typing import Iterator
 
 # fields that hold no syntax an analysis visits: read them directly (`node.ctx`, `node.op`) where needed; and
@@ -50,3 +51,15 @@ def dotted(node: ast.AST | None) -> str | None:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id, *reversed(parts)])
+
+
+@lru_cache(maxsize=256)
+def top_level_calls(text: str) -> dict[str, frozenset[str]]:
+    """Top-level function name -> the last names of the calls in its body (`seed` for `np.random.seed(...)`)."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    return {node.name: frozenset((dotted(call.func) or "").rsplit(".", 1)[-1] for call in walk(node)
+                                 if isinstance(call, ast.Call))
+            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}

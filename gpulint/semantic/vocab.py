@@ -85,6 +85,11 @@ def is_env_step(dotted: str | None) -> bool:
     return last_part(dotted) in ENV_METHODS and bool(ENV_RECEIVER.search(receiver(dotted)))
 
 
+def returns_observation(dotted: str | None) -> bool:
+    """What a host-side environment returns: `env.step(a)` as `is_env_step`, and `env.reset()`."""
+    return is_env_step(dotted) or last_part(dotted) == "reset" and bool(ENV_RECEIVER.search(receiver(dotted)))
+
+
 def is_network_call(dotted: str | None) -> bool:
     """`model(x)`, `self.net(x)`, `policy(obs)`, `net.predict(x)`, `network.initial_inference(obs)`."""
     name = last_part(dotted)
