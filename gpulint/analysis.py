@@ -570,9 +570,10 @@ _UNSET = object()
 
 
 class _PrePass(cst.CSTVisitor):
-    def __init__(self, analysis: FileAnalysis) -> None:
+    def __init__(self, analysis: FileAnalysis, network_names: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.a = analysis
+        self.network_names = network_names  # the program's network classes, as values are named after them
         self.stack: list[cst.CSTNode] = []
         self.scope_stack: list[Scope] = []
         self.class_stack: list[ClassInfo] = []
@@ -838,7 +839,7 @@ class _PrePass(cst.CSTVisitor):
         dotted = dotted_name(node.func)
         if vocab.is_env_step(dotted):
             region.env_step = True
-        elif vocab.is_network_call(dotted):
+        elif vocab.is_network_call(dotted, self.network_names):
             region.network_call = True
         if name == "backward" or qual in _STEP_MARKER_FUNCTIONS:
             region.backward = True
@@ -1056,7 +1057,7 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     """The file's shared facts; `calls` (from the program's call graph) says how often its functions run."""
     _CHILDREN.clear()
     analysis = FileAnalysis(module)
-    prepass = _PrePass(analysis)
+    prepass = _PrePass(analysis, vocab.network_class_names(known_module_classes or ()))
     traverse(module, prepass.on_visit, prepass.on_leave)
     _drop_rebound_aliases(analysis)
     if analysis.device_variable_use and not analysis.cpu_device_binding and not analysis.cuda_evidence:

@@ -69,6 +69,9 @@ class _Sizes(NamedTuple):
     batches: tuple[int, ...]  # of batch-size settings
     lengths: tuple[int, ...]  # of sequence-length settings
     named_layers: tuple[tuple[str, int | None], ...]  # the layers again, widths named by constants resolved
+    # Linear layers whose width is a multiple of a model dimension (`nn.Linear(dim, 4 * dim)`): the expansion of a
+    # transformer or ConvNeXt block, never a classifier head
+    expansions: int = 0
 
 
 @lru_cache(maxsize=4096)
@@ -76,12 +79,13 @@ def _sizes(text: str) -> _Sizes:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return _Sizes((), (), (), (), ())
+        return _Sizes((), (), (), (), (), 0)
     layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
     sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
     constants = _single_constants(tree)
     resolved: list[tuple[str, int | None]] = []  # layers again, widths written as names of constants resolved
+    expansions = 0
     for node in pyast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
@@ -100,6 +104,7 @@ def _sizes(text: str) -> _Sizes:
                 if width is not None:
                     named_dims.append(width)
             if name in _LAYER_ARGS:
+                expansions += name == "Linear" and _widens_a_dimension(node.args[:2])
                 layers.append((name, _layer_width(name, dims)))
                 resolved.append((name, _layer_width(name, named_dims)))
             if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
@@ -130,7 +135,19 @@ def _sizes(text: str) -> _Sizes:
                 _record(sized, arg.arg, default)
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
                 _record(sized, arg.arg, default)
-    return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved))
+    return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved),
+                  expansions)
+
+
+def _widens_a_dimension(widths: list[ast.AST]) -> bool:
+    """`Linear(dim, 4 * dim)`, `Linear(int(dim * ratio), dim)`: one width is the other's name multiplied (a block's
+    MLP). Not `Linear(512 * block.expansion, num_classes)`, a classifier head."""
+    if len(widths) != 2:
+        return False
+    names = [{pyast.dotted(n) for n in pyast.walk(width) if isinstance(n, (ast.Name, ast.Attribute))} - {None}
+             for width in widths]
+    return bool(names[0] & names[1]) and any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for width in widths for n in pyast.walk(width))
 
 
 def _pairs(target: ast.AST, value: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
@@ -225,7 +242,7 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
     """"large" (a width above SMALL_WIDTH, or a well-known large model), "small" (widths are written and all
     are at most SMALL_WIDTH), or None (nothing shows). With `matmul_only`, convolutions do not count (for
     TF32, which cuDNN convolutions already use): a network of convolutions, with at most classifier-like
-    Linear layers of unwritten width, is "small"."""
+    Linear layers of unwritten width (none widening a model dimension, as a block's MLP does), is "small"."""
     for text in texts.values():
         model = _big_model_named(text)
         if model and not (matmul_only and _BIG_CNN.fullmatch(model)):
@@ -239,7 +256,8 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
         return "large"
     if convolutional:
         unknown = [name for name, w in layers if w is None and not name.startswith(("Conv", "LazyConv"))]
-        return "small" if all(name == "Linear" for name in unknown) else None
+        expanded = any(_sizes(text).expansions for text in texts.values())
+        return "small" if all(name == "Linear" for name in unknown) and not expanded else None
     known = [w for w in widths if w is not None]
     return "small" if known or settings else None
 

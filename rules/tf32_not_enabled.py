@@ -8,7 +8,8 @@ from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions, program_index, site_program_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda, training_entry_anchor
+from gpulint.semantic.precision import (FP64, LOW_PRECISION, in_code, precision_switched_off, runs_on_cuda,
+                                       training_entry_anchor)
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -245,8 +246,13 @@ class Tf32NotEnabled(Rule):
         if not runs_on_cuda(ctx, texts):
             return
         # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
-        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, LOW_PRECISION, FP64) for text in joined):
+        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, FP64) for text in joined):
             return
+        opt_in = None
+        if any(in_code(LOW_PRECISION, text) for text in joined):
+            opt_in = precision_switched_off(ctx, texts)
+            if opt_in is None:
+                return  # mixed precision is in effect
         work = work_per_step(texts)
         if work is not None and not work.convolutional and not work.recurrent:
             # small GEMMs still gain: fewer launches (_SMALL_GEMM_NOTE)
@@ -255,6 +261,9 @@ class Tf32NotEnabled(Rule):
             return  # small matmuls beside the convolutions or RNNs that cuDNN already runs in TF32
         else:
             note = None
+        if opt_in is not None:
+            note = "; ".join(filter(None, [f"mixed precision is opt-in ({opt_in}, off by default): the default run "
+                                           "trains in fp32", note]))
         if _sets_tf32(ctx.module):
             return  # set since the run read the file (an earlier fix pass)
         if pinned_before_tf32:

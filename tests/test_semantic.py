@@ -273,6 +273,29 @@ def test_precision_markers_ignore_fp32_casts_and_numpy_float64() -> None:
     assert LOW_PRECISION.search("model.to(dtype=ptdtype)") and LOW_PRECISION.search("x.to(dtype=torch.bfloat16)")
     assert not FP64.search("visits = np.zeros(n, dtype=np.float64)")
     assert FP64.search("model.double()") and FP64.search("x.to(torch.float64)")
+    assert FP64.search("net = MLP(hidden_size=1024).double().cuda()")
+
+
+@pytest.mark.parametrize("code", [
+    "t = torch.tensor([self.count, self.total], dtype=torch.float64, device='cuda')",  # metrics summed across ranks
+    "self.log_q = (-(-self.dist.double().log1p_() * 2 * n).expm1_()).log_().float()",  # a table cast back
+])
+def test_an_incidental_fp64_tensor_does_not_make_the_program_fp64(code: str) -> None:
+    from gpulint.semantic.precision import FP64
+    assert not FP64.search(code)
+
+
+@pytest.mark.parametrize(("argument", "switch"), [
+    ("parser.add_argument('--use_amp', type=str2bool, default=False)", "--use_amp"),
+    ("parser.add_argument('--fp16', action='store_true')", "--fp16"),
+    ("parser.add_argument('--fp16-precision', action='store_true', help='fp16')", "--fp16-precision"),
+    ("parser.add_argument('--amp', action='store_true', default=True)", None),  # on unless turned off
+    ("parser.add_argument('--no_amp', action='store_true')", None),  # a switch out of mixed precision
+    ("parser.add_argument('--lr', type=float, default=0)", None),
+])
+def test_precision_switches_off_by_default(argument: str, switch: str | None) -> None:
+    from gpulint.semantic.precision import _switches_off_by_default
+    assert _switches_off_by_default(argument) == ((switch,) if switch else ())
 
 
 def test_memoised_and_leaving_branches_are_not_per_step() -> None:
@@ -421,3 +444,27 @@ def test_apex_means_mixed_precision_only_through_amp(code: str, mixed: bool) -> 
     (which silences the precision rules for the whole program)."""
     from gpulint.semantic.precision import LOW_PRECISION, in_code
     assert in_code(LOW_PRECISION, code) is mixed
+
+
+@pytest.mark.parametrize(("call", "network"), [
+    ("self.muZero.predict", True),  # a value named after the program's `class MuZero(nn.Module)`
+    ("mu_zero", True),
+    ("MuZero", False),  # the class itself: building one evaluates nothing
+    ("self.muZero.state_dict", False),
+    ("focal_loss", False),  # `class FocalLoss(nn.Module)`: a loss, not a forward pass
+])
+def test_a_value_named_after_a_network_class_is_a_network(call: str, network: bool) -> None:
+    from gpulint.semantic import vocab
+    assert vocab.is_network_call(call, vocab.network_class_names({"MuZero", "FocalLoss"})) is network
+
+
+@pytest.mark.parametrize(("layers", "size"), [
+    # a ConvNeXt block: the pointwise layers widen the stage's dimension, the matrix work cuDNN's TF32 misses
+    ("nn.Conv2d(dim, dim, 7), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)", None),
+    # a ResNet: convolutions and a classifier head whose width is computed, not a widened dimension
+    ("nn.Conv2d(3, 64, 3), nn.Linear(512 * block.expansion, num_classes)", "small"),
+])
+def test_a_convolutional_network_with_block_mlps_is_not_small_for_tf32(layers: str, size: str | None) -> None:
+    from gpulint.network_size import network_size
+    text = f"import torch.nn as nn\nnet = nn.Sequential({layers})\n"
+    assert network_size({"model.py": text}, matmul_only=True) == size

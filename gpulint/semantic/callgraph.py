@@ -457,6 +457,7 @@ class _Summariser:
         self.constants = _integer_constants(tree, arguments)
         self._yields = yields
         self.module_classes = module_classes
+        self.network_names = vocab.network_class_names(module_classes)
         # per function being summarised: names whose value is read back (`a.detach().cpu()`), and the sites bound
         # to a name (`a = f(s)`), to mark the sites whose result is only ever read back
         self._read_names: dict[int, set[str]] = {}
@@ -479,7 +480,7 @@ class _Summariser:
             self.file.env_loops.add(id(loop))
             return Frequency.PER_ROLLOUT_STEP
         if (_repeats(loop) and not vocab.EVAL_FUNCTION.match(fn.name)
-                and any(vocab.is_network_call(d) for d in calls)):
+                and any(vocab.is_network_call(d, self.network_names) for d in calls)):
             return Frequency.PER_ROLLOUT_STEP
         return Frequency.PER_ITERATION
 
@@ -655,7 +656,7 @@ class _Summariser:
                     fn.steps_at_top = True
                 elif vocab.is_env_step(dotted):
                     fn.env_at_top = True
-                elif vocab.is_network_call(dotted):
+                elif vocab.is_network_call(dotted, self.network_names):
                     fn.network_at_top = True
 
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, owner: tuple[str, ...]) -> None:
@@ -1104,6 +1105,7 @@ class CallGraph:
                 self._by_module.setdefault(name, []).append(path)
         self._methods: dict[str, list[tuple[str, str]]] = {}  # method name -> [(path, key)]
         self._classes: dict[str, list[tuple[str, str]]] = {}  # class name -> [(path, class)]
+        self._class_by_normalised: dict[str, list[str]] | None = None  # `replaybuffer` -> ["ReplayBuffer"]
         for path, summary in self.files.items():
             for fn in summary.functions.values():
                 if fn.class_name is not None:
@@ -1186,6 +1188,19 @@ class CallGraph:
             if found:
                 return found
         return None
+
+    def _classes_named_like(self, name: str) -> list[str]:
+        """The program's one class whose name a value is named after (`replay_buffer`, `replayBuffer` for
+        `ReplayBuffer`); none for a name that is no class's, or that is the class itself."""
+        if name[:1].isupper() or "_" not in name and name.islower():
+            return []  # `Net(...)`; `buffer`, `model`: a generic word names no particular class
+        if self._class_by_normalised is None:
+            by_name: dict[str, list[str]] = {}
+            for cls in self._classes:
+                by_name.setdefault(cls.replace("_", "").lower(), []).append(cls)
+            self._class_by_normalised = by_name
+        found = self._class_by_normalised.get(name.replace("_", "").lower(), [])
+        return found if len(found) == 1 else []
 
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
         if depth > 6:
@@ -1356,6 +1371,10 @@ class CallGraph:
             found = self._method(path, named, method)
             if found:
                 return found
+        for cls in self._classes_named_like(named):  # `self.replay_buffer.sample()` of a `class ReplayBuffer`
+            found = self._method(path, cls, method)
+            if found:
+                return found + [o for o in self._overrides(cls, method) if o not in found]
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
@@ -2060,7 +2079,9 @@ class CallGraph:
                 for site in fn.sites:
                     resolved = self.resolve(path, fn, site.target)
                     callees = [self.files[p].functions[k] for p, k in resolved]
-                    if any(callee.uploads for callee in callees):
+                    # (a helper that runs per step itself is reported on its own line, once, not at every call)
+                    if any(callee.uploads and self.frequency.get(key, Frequency.ONCE) < Frequency.PER_ROLLOUT_STEP
+                           for key, callee in zip(resolved, callees)):
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
                     if any(callee.downloads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE

@@ -147,6 +147,9 @@ class Placement:
             stored = stores.get(self.ctx.code(node)) if stores else None
             if stored:  # `images[0] = images[0].cuda()`: the element read is what was stored there
                 return combine_alternatives([self.of(value, depth + 1, before) for value in stored])
+            elements = self._comprehension_elements(node.value, before)
+            if elements:  # `batch = {k: v.to(device) for k, v in batch.items()}; batch["input_ids"]`
+                return combine_alternatives([self.of(element, depth + 1, before) for element in elements])
             if self._is_container(node.value):
                 return None
             return self.of(node.value, depth + 1, before)
@@ -682,6 +685,20 @@ class Placement:
                                 found.add(kind)
                         call = call.func.value
         return found
+
+    def _comprehension_elements(self, node: cst.BaseExpression, before: int | None) -> list[cst.BaseExpression]:
+        """The element expressions of the comprehensions a name is bound to (every binding that reaches it is one):
+        what each item of the container is."""
+        if not isinstance(node, cst.Name):
+            return []
+        bindings = self.reaching(node.value, before)
+        elements = []
+        for binding in bindings:
+            value = binding.value
+            if binding.kind is not BindingKind.ASSIGN or not isinstance(value, (cst.DictComp, cst.ListComp)):
+                return []
+            elements.append(value.value if isinstance(value, cst.DictComp) else value.elt)
+        return elements
 
     def _is_container(self, node: cst.BaseExpression) -> bool:
         if isinstance(node, (cst.List, cst.Dict, cst.Tuple, cst.ListComp, cst.DictComp)):

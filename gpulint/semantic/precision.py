@@ -2,17 +2,19 @@
 
 import ast
 import io
+import os
 import re
 import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
 
 from gpulint import HotKind
 from gpulint.analysis import CUDA_TEXT_PATTERN, BindingKind, call_arg, walk
-from gpulint.program import MAIN_GUARD_TEXT, PLACEMENT_TEXT, mentions
+from gpulint.program import MAIN_GUARD_TEXT, PLACEMENT_TEXT, mentions, program_index
 from gpulint.semantic import pyast
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
@@ -241,9 +243,87 @@ LOW_PRECISION = re.compile(
     r"autocast|\.half\(|\btorch\.half\b|float16|bfloat16|\bbf16\b|\bfp16\b|mixed_precision|GradScaler|"
     r"\bapex\b(?!\.(parallel|optimizers|normalization)\b)|deepspeed|\baccelerate\b|\bprecision\s*=|set_default_dtype|\bamp\b|_amp\b|\bamp_|"
     r"\.to\(\s*dtype\s*=\s*(?!torch\.(float32|float|long|int64|int32|int|bool|uint8)\b)")  # not fp32 / integer casts
-# fp64 torch code (`np.float64` arrays of visit counts or returns are not a float64 network); searched in code
-# only (`in_code`): a docstring saying "float64" is not a float64 network either
-FP64 = re.compile(r"\btorch\.(float64|double|complex128|cdouble)\b|\.double\(\)|\bset_default_dtype\(")
+# an fp64 torch program: the default dtype changed, complex math, or a value converted to fp64 and not cast back
+# on the same line (`net = MLP().double().cuda()`, `x.to(torch.float64)`). A small fp64 tensor created to sum
+# metrics across ranks or a table computed in fp64 and cast back (`.double().log1p_()...float()`) does not make
+# the training fp64, nor do `np.float64` arrays of visit counts or returns. Searched in code only (`in_code`).
+FP64 = re.compile(r"\bset_default_dtype\(|\bset_default_tensor_type\([^)\n]*Double|\btorch\.(complex128|cdouble)\b|"
+                  r"\bnn\.\w+\([^)\n]*dtype\s*=\s*torch\.(float64|double)\b|"
+                  r"\.(double\(\)|(to|type)\(\s*(dtype\s*=\s*)?torch\.(float64|double|(cuda\.)?DoubleTensor)\s*\))"
+                  r"(?![^\n]*\.float\(\))")
+
+
+# A command-line switch into mixed precision: `--fp16`, `--use_amp`, `--fp16-precision`, `--mixed_precision`
+# (not `--no_amp`, a switch out of it).
+_PRECISION_SWITCH = re.compile(
+    r"-{1,2}(?!(?:no|disable)[_-])(?:\w+[_-])?(?:amp|fp16|bf16|half|mixed[_-]precision)(?:[_-]\w+)?")
+_LAUNCH_SUFFIXES = (".sh", ".md", ".rst", ".txt")
+_LAUNCH_DEPTH = 3  # folders above the entry script searched for launch scripts, stopping at the project root
+
+
+@lru_cache(maxsize=256)
+def _switches_off_by_default(text: str) -> tuple[str, ...]:
+    """The precision switches an argument parser in `text` declares off unless passed (`action="store_true"`,
+    `default=False`)."""
+    if "add_argument" not in text:
+        return ()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    found = []
+    for call in pyast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        switch = next((flag for flag in flags if _PRECISION_SWITCH.fullmatch(flag)), None)
+        options = {k.arg: k.value for k in call.keywords}
+        action, default = options.get("action"), options.get("default")
+        off = (isinstance(action, ast.Constant) and action.value == "store_true" and default is None) or (
+            isinstance(default, ast.Constant) and default.value in (False, 0, "False", "false") and action is None)
+        if switch is not None and off:
+            found.append(switch)
+    return tuple(found)
+
+
+@lru_cache(maxsize=64)
+def _launch_texts(directory: str, top: str) -> str:
+    """The shell scripts and documents beside an entry script and in the folders above it, up to the project root
+    or `top`, the folder of the files being checked (where the commands that run it are written down)."""
+    parts = []
+    current = Path(directory)
+    for _ in range(_LAUNCH_DEPTH):
+        for folder in (current, current / "scripts"):
+            try:
+                files = sorted(folder.iterdir()) if folder.is_dir() else []
+            except OSError:
+                continue
+            for file in files[:200]:
+                if file.suffix.lower() in _LAUNCH_SUFFIXES and file.is_file():
+                    try:
+                        parts.append(file.read_text(encoding="utf-8", errors="replace")[:200_000])
+                    except OSError:
+                        pass
+        if any((current / marker).exists() for marker in (".git", "pyproject.toml", "setup.py")) \
+                or str(current) == top or current.parent == current:
+            break
+        current = current.parent
+    return "\n".join(parts)
+
+
+def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
+    """The switch (`--use_amp`) when the program's mixed precision is opt-in: its argument parser declares a
+    precision switch off by default and no launch script or document of the project passes it. The default run
+    then trains in fp32, whatever autocast or `.half()` the code holds behind the switch."""
+    switches = [switch for text in texts.values() for switch in _switches_off_by_default(text)]
+    if not switches:
+        return None
+    folders = [str(Path(path).resolve().parent) for path in program_index(ctx).paths] or [ctx.path]
+    launches = _launch_texts(str(Path(ctx.path).resolve().parent), os.path.commonpath(folders))
+    passed = [switch for switch in switches
+              if re.search(re.escape(switch) + r"(?![\w-])(?!\s*[= ]\s*(?:False|false|0)\b)", launches)]
+    return None if passed else switches[0]
 
 
 @lru_cache(maxsize=1 << 16)

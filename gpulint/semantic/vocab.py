@@ -7,6 +7,7 @@ loop, a rollout loop or neither by the same test wherever it is seen.
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
 # receivers of `.step(...)` that are host-side simulators or games: one call per environment step / move
@@ -90,12 +91,33 @@ def returns_observation(dotted: str | None) -> bool:
     return is_env_step(dotted) or last_part(dotted) == "reset" and bool(ENV_RECEIVER.search(receiver(dotted)))
 
 
-def is_network_call(dotted: str | None) -> bool:
-    """`model(x)`, `self.net(x)`, `policy(obs)`, `net.predict(x)`, `network.initial_inference(obs)`."""
+def is_network_call(dotted: str | None, network_classes: frozenset[str] = frozenset()) -> bool:
+    """`model(x)`, `self.net(x)`, `policy(obs)`, `net.predict(x)`, `network.initial_inference(obs)`; and, given the
+    normalised names of the program's network classes (`network_class_names`), a value named after one of them:
+    `self.muZero.predict(x)` where `class MuZero(nn.Module)`."""
     name = last_part(dotted)
-    if MODEL_NAME.search(name) and name != "module":
+    if MODEL_NAME.search(name) and name != "module" or _named_after(name, network_classes):
         return True
-    return name in NETWORK_METHODS and bool(MODEL_NAME.search(receiver(dotted)))
+    holder = receiver(dotted)
+    return name in NETWORK_METHODS and bool(MODEL_NAME.search(holder) or _named_after(holder, network_classes))
+
+
+_NOT_A_NETWORK_CLASS = re.compile(r"loss|criterion|metric|norm$|layer$|block$|embedding", re.I)
+
+
+def network_class_names(classes: Iterable[str]) -> frozenset[str]:
+    """The program's network classes, named as a value holding one would be (`MuZero` -> `muzero`, matching
+    `muZero` and `mu_zero`); losses, metrics and single layers are left out (a `loss(...)` call is no forward)."""
+    return frozenset(_normalised(name) for name in classes if not _NOT_A_NETWORK_CLASS.search(name))
+
+
+def _named_after(name: str, network_classes: frozenset[str]) -> bool:
+    """A value (not the class itself: `MuZero(game)` builds one) whose name is a network class's."""
+    return bool(network_classes) and not name[:1].isupper() and _normalised(name) in network_classes
+
+
+def _normalised(name: str) -> str:
+    return name.replace("_", "").lower()
 
 
 def throttles(names: set[str], has_modulo: bool) -> bool:
