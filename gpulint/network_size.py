@@ -90,13 +90,14 @@ def _sizes(text: str) -> _Sizes:
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            dims, named_dims = [], []
+            dims, named_dims, sides = [], [], []
             for position, keyword in _LAYER_ARGS.get(name, ()):
                 value = next((k.value for k in node.keywords if k.arg == keyword), None)
                 if value is None and len(node.args) > position and not any(
                         isinstance(a, ast.Starred) for a in node.args[:position + 1]):
                     value = node.args[position]
                 width = _const_int(value) if value is not None else None
+                sides.append(width)
                 if width is not None:
                     dims.append(width)
                 if width is None and isinstance(value, ast.Name):
@@ -105,7 +106,7 @@ def _sizes(text: str) -> _Sizes:
                     named_dims.append(width)
             if name in _LAYER_ARGS:
                 expansions += name == "Linear" and _widens_a_dimension(node.args[:2])
-                layers.append((name, _layer_width(name, dims)))
+                layers.append((name, _projection_width(name, sides) or _layer_width(name, dims)))
                 resolved.append((name, _layer_width(name, named_dims)))
             if name == "add_argument" and node.args and isinstance(node.args[0], ast.Constant) \
                     and isinstance(node.args[0].value, str):
@@ -191,6 +192,14 @@ def _layer_width(name: str, dims: list[int]) -> int | None:
 
 
 _IMAGE_CHANNELS = 4  # RGBA at most
+
+
+def _projection_width(name: str, sides: list[int | None]) -> int | None:
+    """`Linear(flat_features, 512)`: a layer projecting computed features (a conv trunk's flattened output) to a
+    written width is that wide; a head `Linear(512, num_actions)` is not (its output side may be tiny)."""
+    if name == "Linear" and len(sides) == 2 and sides[0] is None and sides[1] is not None:
+        return sides[1]
+    return None
 
 
 def _single_constants(tree: ast.AST) -> dict[str, int]:

@@ -221,11 +221,11 @@ def test_an_uploading_helper_is_reported_where_a_learner_handed_to_a_generic_loo
     """GPU013 through three hops nobody writes in one file: `run(DQNLearner(cfg))` makes `learner.step()` inside
     `run` the learner's `step` (an object passed in), found through `from rlkit import *` re-exports; `step`
     calls `to_device(...)`, a helper returning its argument uploaded to the device, on every training step; the
-    device is chosen by `torch.device('cuda:%d' % index)`. The helper's own line is reported, once: its calls are
-    not reported again (a replay buffer's `to_torch` called for every field of every sample would repeat it)."""
+    device is chosen by `torch.device('cuda:%d' % index)`."""
     _agent_package(tmp_path)
     found = run([str(tmp_path)], [rule_by_code("GPU013")], jobs=1).diagnostics
-    assert sorted((Path(d.path).name, d.line) for d in found) == [("helpers.py", 17)]
+    assert sorted((Path(d.path).name, d.line) for d in found) == [
+        ("helpers.py", 17), ("learners.py", 15), ("learners.py", 16)]
     sources = {p.relative_to(tmp_path).as_posix(): p.read_text() for p in tmp_path.rglob("*.py")}
     graph = CallGraph(sources)
     loop = graph.files["rlkit/helpers.py"].functions["run"]

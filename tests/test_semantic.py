@@ -463,8 +463,18 @@ def test_a_value_named_after_a_network_class_is_a_network(call: str, network: bo
     ("nn.Conv2d(dim, dim, 7), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)", None),
     # a ResNet: convolutions and a classifier head whose width is computed, not a widened dimension
     ("nn.Conv2d(3, 64, 3), nn.Linear(512 * block.expansion, num_classes)", "small"),
+    # an Atari trunk projecting its flattened features (computed at run time) to 512: a large GEMM
+    ("nn.Conv2d(4, 32, 8), nn.Conv2d(32, 64, 4), nn.Linear(output_dim, 512), nn.Linear(512, n_actions)", "large"),
 ])
 def test_a_convolutional_network_with_block_mlps_is_not_small_for_tf32(layers: str, size: str | None) -> None:
     from gpulint.network_size import network_size
     text = f"import torch.nn as nn\nnet = nn.Sequential({layers})\n"
     assert network_size({"model.py": text}, matmul_only=True) == size
+
+
+def test_a_submodule_named_after_a_network_class_is_part_of_a_forward_pass() -> None:
+    """`decoder.attention(encoder_out, h)` runs a piece of the decoder (`class Attention(nn.Module)`), not a network
+    evaluation that would make a beam-search loop a rollout."""
+    from gpulint.semantic import vocab
+    assert not vocab.is_network_call("decoder.attention", vocab.network_class_names({"Attention"}))
+    assert vocab.is_network_call("self.attention", vocab.network_class_names({"Attention"}))

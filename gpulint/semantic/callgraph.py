@@ -564,6 +564,12 @@ class _Summariser:
                 fn.env_names.update(n.id for t in node.targets for n in pyast.walk(t) if isinstance(n, ast.Name))
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self._binding[id(node.value)] = node.targets[0].id
+            wrapped = _unwrapped(node.value)
+            if isinstance(node, ast.Assign) and wrapped is not node.value and (source := _dotted(wrapped)):
+                # `batch_iterator = tqdm(train_loader, desc=...)`: iterating the wrapper iterates the loader
+                for bound in node.targets:
+                    if (name := _dotted(bound)) is not None:
+                        fn.copies.setdefault(name, []).append(source)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.IfExp):
             self._record_instance(node)
         elif isinstance(node, ast.Assign) and (source := _dotted(node.value)) is not None:
@@ -2079,9 +2085,7 @@ class CallGraph:
                 for site in fn.sites:
                     resolved = self.resolve(path, fn, site.target)
                     callees = [self.files[p].functions[k] for p, k in resolved]
-                    # (a helper that runs per step itself is reported on its own line, once, not at every call)
-                    if any(callee.uploads and self.frequency.get(key, Frequency.ONCE) < Frequency.PER_ROLLOUT_STEP
-                           for key, callee in zip(resolved, callees)):
+                    if any(callee.uploads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
                     if any(callee.downloads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE

@@ -96,10 +96,15 @@ def is_network_call(dotted: str | None, network_classes: frozenset[str] = frozen
     normalised names of the program's network classes (`network_class_names`), a value named after one of them:
     `self.muZero.predict(x)` where `class MuZero(nn.Module)`."""
     name = last_part(dotted)
-    if MODEL_NAME.search(name) and name != "module" or _named_after(name, network_classes):
+    parts = (dotted or "").split(".")
+    # (named after a class only as a variable or an attribute of `self`: `decoder.attention(h)` calls a submodule
+    # of the decoder, a piece of its forward pass, not an evaluation of a network the loop stands for)
+    if MODEL_NAME.search(name) and name != "module" or parts[:-1] in ([], ["self"]) and _named_after(
+            name, network_classes):
         return True
     holder = receiver(dotted)
-    return name in NETWORK_METHODS and bool(MODEL_NAME.search(holder) or _named_after(holder, network_classes))
+    return name in NETWORK_METHODS and bool(MODEL_NAME.search(holder) or parts[:-2] in ([], ["self"]) and _named_after(
+        holder, network_classes))
 
 
 _NOT_A_NETWORK_CLASS = re.compile(r"loss|criterion|metric|norm$|layer$|block$|embedding", re.I)
