@@ -330,7 +330,8 @@ PROGRAM_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|torch\.cuda\.(
                                r"""["']nccl["']""")
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
-                 "lightning.LightningModule", "lightning.pytorch.core.LightningModule"}
+                 "lightning.LightningModule", "lightning.pytorch.core.LightningModule", "transformers.PreTrainedModel",
+                 "transformers.modeling_utils.PreTrainedModel"}
 
 
 # ---------------------------------------------------------------------------------------------

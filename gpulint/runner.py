@@ -82,9 +82,9 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
 
 
 def _module_classes(texts: Iterable[str]) -> set[str]:
-    """Classes of the program that are networks by their bases' names (`class Net(nn.Module)`, and classes
-    derived from those), read from the text."""
-    return subclasses_in_text(texts, {"Module", "LightningModule"})
+    """Classes of the program that are networks by their bases' names (`class Net(nn.Module)`, a Hugging Face
+    `PreTrainedModel`, and classes derived from those), read from the text."""
+    return subclasses_in_text(texts, {"Module", "LightningModule", "PreTrainedModel"})
 
 
 _CONTEXT_DEPTH = 3  # import levels followed from the files named on the command line

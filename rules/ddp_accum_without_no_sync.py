@@ -147,15 +147,17 @@ class DdpAccumWithoutNoSync(Rule):
         """Names (and attribute names) assigned a DDP-wrapped model in this file."""
         names: set[str] = set()
         for node in walk(self.ctx.module, into_functions=True):
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            # (`model: LlamaForCausalLM = DistributedDataParallel(...)` is an annotated assignment)
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and isinstance(node.value, cst.Call):
                 func = self.ctx.analysis.call_qualname(node.value) or dotted_name(node.value.func) or ""
                 if not _DDP.search(func):
                     continue
-                for target in node.targets:
-                    if isinstance(target.target, cst.Name):
-                        names.add(target.target.value)
-                    elif isinstance(target.target, cst.Attribute):
-                        names.add(target.target.attr.value)
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, cst.Name):
+                        names.add(target.value)
+                    elif isinstance(target, cst.Attribute):
+                        names.add(target.attr.value)
         return names
 
     def _calls_model(self, accumulation: Accumulation, names: set[str]) -> bool:

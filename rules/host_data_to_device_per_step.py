@@ -679,9 +679,12 @@ def _non_blocking(move: cst.Call, ctx) -> str:  # noqa: ANN001 - RuleContext
 
 
 def _python_scalar(node: cst.BaseExpression) -> bool:
-    """A size read from a tensor or a container: `x.shape[-2]`, `x.size(0)`, `len(batch)`."""
+    """A size read from a tensor or a container: `x.shape[-2]`, `x.size(0)`, `len(batch)`; a limit of a dtype:
+    `torch.finfo(dtype).min`."""
     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
         return node.value.attr.value == "shape"
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Call):
+        return (dotted_name(node.value.func) or "").rsplit(".", 1)[-1] in ("finfo", "iinfo")
     if isinstance(node, cst.Call):
         if isinstance(node.func, cst.Name):
             return node.func.value == "len"

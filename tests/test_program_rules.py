@@ -433,3 +433,14 @@ def test_a_search_reached_through_a_parameter_is_hot_despite_a_test_mock(tmp_pat
     result = run([str(tmp_path)], [rule_by_code(c) for c in ("GPU005", "GPU013")], jobs=1)
     found = sorted((Path(d.path).name, d.line, d.code) for d in result.diagnostics)
     assert found == [("model.py", 14, "GPU013"), ("model.py", 17, "GPU005")]
+
+
+def test_a_network_called_in_the_loop_runs_its_forward_and_its_submodules_forward_per_step(tmp_path: Path):
+    """`model = LanguageModel(512)` then `model(x)` in the training loop runs `LanguageModel.forward`, and
+    `self.model(x)` there (`self.model = Decoder(width)`) runs `Decoder.forward`: the helpers they call run every
+    step, in whatever file they are."""
+    program = FIXTURES / "GPU013" / "programs" / "mask_helper_below_forward"
+    sources = {relative: text for relative, text in _materialize(program, tmp_path).items()}
+    graph = CallGraph(sources)
+    for key in ("LanguageModel.forward", "Decoder.forward", "Decoder._prepare_attention_mask", "_make_causal_mask"):
+        assert graph.frequency.get(("modeling.py", key), Frequency.ONCE) >= Frequency.PER_STEP, key

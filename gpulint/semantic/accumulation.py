@@ -55,6 +55,33 @@ def _children_in_body(node: cst.CSTNode):
             stack.append((child, inner_ifs if not (isinstance(current, cst.If) and child is current.test) else ifs))
 
 
+def _body(loop: cst.CSTNode) -> list[cst.CSTNode]:
+    body = getattr(loop, "body", None)
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def _continue_gate(loop: cst.CSTNode) -> tuple[int | None, cst.BaseExpression | None]:
+    """(index in the loop body, N) of a top-level `if <every N micro-steps test>: continue`; (None, None)."""
+    for index, statement in enumerate(_body(loop)):
+        if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock) \
+                and len(statement.body.body) == 1 and isinstance(statement.body.body[0], cst.SimpleStatementLine) \
+                and all(isinstance(small, cst.Continue) for small in statement.body.body[0].body):
+            found, steps = accumulation_test(statement.test)
+            if found:
+                return index, steps
+    return None, None
+
+
+def _statement_positions(loop: cst.CSTNode) -> dict[int, int]:
+    """id of each call in the loop body (not in nested loops or functions) -> index of its top-level statement."""
+    positions: dict[int, int] = {}
+    for index, statement in enumerate(_body(loop)):
+        for node, _ in _children_in_body(statement):
+            if isinstance(node, cst.Call):
+                positions[id(node)] = index
+    return positions
+
+
 def accumulation_test(test: cst.BaseExpression) -> tuple[bool, cst.BaseExpression | None]:
     """Does an `if` test look like "every N micro-steps"? Returns (yes, N when visible)."""
     steps = None
@@ -108,15 +135,21 @@ class Accumulations(PerFileFacts):
                     steps.append((node, ifs))
         if not backward or not steps:
             return None
+        # `if step % accumulation != 0: continue` ahead of the step gates everything after it
+        gate, gate_count = _continue_gate(loop)
+        position = _statement_positions(loop) if gate is not None else {}
         count = None
-        for _, ifs in steps:
+        for call, ifs in steps:
             gates = [accumulation_test(i.test) for i in ifs]
             if not any(ok for ok, _ in gates):
-                return None  # an optimizer step on every iteration: not accumulation
+                if gate is None or position.get(id(call), -1) <= gate:
+                    return None  # an optimizer step on every iteration: not accumulation
+                gates = [(True, gate_count)]
             count = count or next((n for ok, n in gates if ok and n is not None), None)
         gated_ifs = {id(i) for _, ifs in steps for i in ifs if accumulation_test(i.test)[0]}
         every_step = [call for call, ifs in backward if not any(id(i) in gated_ifs or accumulation_test(i.test)[0]
-                                                                  for i in ifs)]
+                                                                  for i in ifs)
+                      and (gate is None or position.get(id(call), -1) < gate)]
         if not every_step:
             return None
         return Accumulation("every-n", loop, loop, every_step, [c for c, _ in steps], count)

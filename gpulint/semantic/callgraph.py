@@ -1327,6 +1327,9 @@ class CallGraph:
             found = self._function_in(path, name)
             if not found and (name in summary.classes or name[:1].isupper() and name in self._classes):
                 return self._method(path, name, "__init__")  # constructing a program class runs its __init__
+            if not found and name in summary.instances:  # `model = GPT(cfg)` then `model(x)`: its forward runs
+                found = [m for built in summary.instances[name] if built in self._classes
+                         for m in self._method(path, built, "forward")]
             if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
                 return self._passed_in.get((path, fn.key, name), [])
             return found
@@ -1338,6 +1341,9 @@ class CallGraph:
             found = self._method(path, fn.class_name, target[1])
             if not found:  # `self._policy(state)` after `self._policy = policy_fn` in `__init__(self, policy_fn)`
                 found = self._held_function(path, fn.class_name, target[1])
+            if not found:  # `self.model(x)` after `self.model = LlamaModel(config)`: the submodule's forward runs
+                found = [m for built in summary.instances.get(f"self.{target[1]}", ()) if built in self._classes
+                         for m in self._method(path, built, "forward")]
             return found + [o for o in self._overrides(fn.class_name, target[1]) if o not in found]
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
