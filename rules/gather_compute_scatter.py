@@ -97,6 +97,17 @@ class GatherComputeScatter(Rule):
                 return obs
             """
         ),
+        Valid(  # an integer position named like a mask (`last_valid_index = self.pos - 1`), not a mask
+            """
+            import torch.nn as nn
+            class Head(nn.Module):
+                def forward(self, x):
+                    last_valid_index = self.pos - 1
+                    saved = self.flags[last_valid_index].clone()
+                    self.flags[last_valid_index] = saved * 2
+                    return x
+            """
+        ),
         Invalid(
             """
             import torch
@@ -216,9 +227,19 @@ class GatherComputeScatter(Rule):
         if isinstance(mask, cst.Name):
             bindings = self.ctx.analysis.reaching_bindings(mask.value, self.ctx.ancestors)
             if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and bindings[0].value is not None:
+                if _integer_position(bindings[0].value):
+                    return None  # `last_valid_index = self.pos - 1`: a position, whatever its name says
                 if self._mask_confidence(bindings[0].value, depth + 1) is Confidence.HIGH:
                     return Confidence.HIGH
         return self.ctx.mask_confidence(mask)
+
+
+def _integer_position(value: cst.BaseExpression) -> bool:
+    """An integer literal, or a sum or difference with one (`self.pos - 1`, `i + 1`)."""
+    if isinstance(value, cst.Integer):
+        return True
+    return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)) and (
+        isinstance(value.left, cst.Integer) or isinstance(value.right, cst.Integer))
 
 
 def _single_index(subscript: cst.Subscript) -> cst.BaseExpression | None:
