@@ -381,6 +381,7 @@ class FileAnalysis:
         self.acting: set[int] = set()
         # what the program's call graph says of this file's functions and loops, by key (see CallGraph.by_file)
         self.program_keys: dict[str, Frequency] = {}
+        self.program_networks: frozenset[str] = frozenset()  # the program's network classes, in any file
         self._integer_constants: dict[str, int] | None = None
         self._wraps_loaders: bool | None = None
 
@@ -870,6 +871,16 @@ class _PrePass(cst.CSTVisitor):
             self.a.main_guard = node
 
 
+def _moves_itself(value: cst.BaseExpression | None, attr: str) -> bool:
+    """`self.<attr>.to(device)`, `self.<attr>.cuda().eval()`: the attribute's own value, moved or switched."""
+    moved = False
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in ("to", "cuda", "cpu", "train", "eval", "float", "half", "share_memory"):
+        value, moved = value.func.value, True
+    return moved and isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) \
+        and value.value.value == "self" and value.attr.value == attr
+
+
 def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
     changed = True
     while changed:
@@ -1063,6 +1074,7 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     _drop_rebound_aliases(analysis)
     if analysis.device_variable_use and not analysis.cpu_device_binding and not analysis.cuda_evidence:
         analysis.maybe_cuda_evidence = True
+    analysis.program_networks = frozenset(known_module_classes or ())
     _mark_modules(analysis, known_module_classes or set())
     _mark_hot(analysis, prepass.regions, calls)
     if calls is not None:
@@ -1576,6 +1588,8 @@ class Evidence:
                 return Confidence.HIGH
             if last in self.a.classes and self.a.classes[last].is_module:
                 return Confidence.HIGH
+            if last in self.a.program_networks and last not in self.a.classes and last[:1].isupper():
+                return Confidence.HIGH  # a network class of another file of the program: `RNDModel(...)`
             if method_name(node) in ("to", "cuda", "cpu", "train", "eval", "float", "half") \
                     and isinstance(node.func, cst.Attribute):
                 return self.is_module(node.func.value, depth + 1)
@@ -1616,6 +1630,8 @@ class Evidence:
             return None  # `self.register_buffer("x", ...)` / `register_parameter`: a tensor, not a module
         found = []
         for binding in info.attrs.get(attr, []) if info else []:
+            if binding.kind is BindingKind.ASSIGN and _moves_itself(binding.value, attr):
+                continue  # `self.rnd = self.rnd.to(device)`: what it held before decides
             if binding.kind is BindingKind.ASSIGN:
                 answer = self.is_module(binding.value, depth + 1)
                 if answer is None:

@@ -767,6 +767,10 @@ class EvalWithoutNoGrad(Rule):
                     func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None:
                 yield node  # a network held by another object: `agent.prediction_model(state)`
                 continue
+            if isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Attribute)) \
+                    and self._submodule(func) and any(a.keyword is None for a in node.args):
+                yield node  # `self.rnd.target(obs)`: a submodule of a network this object holds
+                continue
             sampling_network = isinstance(func, cst.Attribute) and func.attr.value == "sample" and \
                 self.ctx.evidence.is_module(func.value) is not None  # `self.policy.sample(state)`: a network's method
             if isinstance(func, cst.Attribute) and (func.attr.value not in _NOT_FORWARD or sampling_network) and \
@@ -779,6 +783,14 @@ class EvalWithoutNoGrad(Rule):
                 if isinstance(receiver, cst.Name) and _MODEL_NAME.search(receiver.value) and \
                         self.ctx.analysis.qualname(receiver) is None and self._method_records(func.attr.value):
                     yield node
+
+    def _submodule(self, func: cst.Attribute) -> bool:
+        """`net.encoder`: an attribute of a value proven a network, named like no method the program defines (so a
+        layer or a sub-network the network built, not a helper method)."""
+        name = func.attr.value
+        if name in _NOT_FORWARD or name.startswith("_") or self.ctx.evidence.is_module(func.value) is None:
+            return False
+        return not self.ctx.program.search(re.compile(r"^[ \t]*(async\s+)?def\s+" + re.escape(name) + r"\s*\(", re.M))
 
     def _method_records(self, name: str) -> bool:
         """A method defined in the program whose body runs with grad mode untouched. Methods we cannot see
