@@ -2122,7 +2122,9 @@ class CallGraph:
                                 if parameter is not None:
                                     found.setdefault(callee_path, {})[
                                         f"{callee_key}#throttle-flag:{parameter}"] = Frequency.ONCE
-                    helpers = [key in tensor_helpers and not callee.returns_host for key, callee in zip(resolved, callees)]
+                    # (a network's forward is no tensor helper: its outputs live where its weights are)
+                    helpers = [key in tensor_helpers and not callee.returns_host and callee.name != "forward"
+                               for key, callee in zip(resolved, callees)]
                     if any(helpers) and all(helper or callee.abstract for helper, callee in zip(helpers, callees)):
                         found.setdefault(path, {})[f"{fn.key}#same-device:{site.target[-1]}"] = Frequency.ONCE
         for (path, key), numbers in given_numbers.items():  # `metric_logger.update(loss=loss_value)` everywhere
