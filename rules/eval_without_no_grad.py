@@ -790,7 +790,11 @@ class EvalWithoutNoGrad(Rule):
         name = func.attr.value
         if name in _NOT_FORWARD or name.startswith("_") or self.ctx.evidence.is_module(func.value) is None:
             return False
-        return not self.ctx.program.search(re.compile(r"^[ \t]*(async\s+)?def\s+" + re.escape(name) + r"\s*\(", re.M))
+        defined = self.__dict__.setdefault("_defined_methods", {})
+        if name not in defined:
+            pattern = re.compile(r"^[ \t]*(async\s+)?def\s+" + re.escape(name) + r"\s*\(", re.M)
+            defined[name] = bool(self.ctx.program.search(pattern))
+        return not defined[name]
 
     def _method_records(self, name: str) -> bool:
         """A method defined in the program whose body runs with grad mode untouched. Methods we cannot see

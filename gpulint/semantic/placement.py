@@ -585,6 +585,10 @@ class Placement:
                 return DEVICE if DEVICE in kinds else HOST if kinds and set(kinds) <= {HOST, NONTENSOR} else TENSOR
             if name in _DISTRIBUTION_ONLY:  # `dist = actor.get_dist(s)`, `dist.log_prob(a)`: a tensor by use
                 return TENSOR
+            produced = self._bound_call(receiver, before) if isinstance(receiver, cst.Name) else None
+            if produced is not None and self.ev.is_module(produced.func):
+                # `dist = self.actor(obs, std)`, `dist.entropy()`: a distribution a network returned
+                return self._module_call(produced, depth + 1, before)
         if name in _NON_TENSOR_METHODS:
             if name == "numpy" or name in ("item", "tolist"):
                 return NONTENSOR
@@ -624,6 +628,13 @@ class Placement:
         if _MODEL_NAME.search(last_name(receiver) or "") and any(
                 self.of(arg.value, depth + 1, before) == DEVICE for arg in node.args if not arg.star):
             return DEVICE  # `self.online_net.calculate_q(states=s)` on a device tensor: a network's method
+        return None
+
+    def _bound_call(self, name: cst.Name, before: int | None) -> cst.Call | None:
+        """The one call `name` was assigned from (`self.actor(obs)` for `dist = self.actor(obs)`)."""
+        bindings = self.reaching(name.value, before)
+        if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN and isinstance(bindings[0].value, cst.Call):
+            return bindings[0].value
         return None
 
     def _distribution(self, node: cst.BaseExpression, before: int | None) -> cst.Call | None:
