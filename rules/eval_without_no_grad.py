@@ -21,7 +21,8 @@ _GENERATION_FUNCTION = re.compile(r"^_?(generate|sample|sampling|greedy_decode|b
                                   r"(_(text|tokens?|sequences?|images?|sentence|batch))?$")
 # a policy's action choice (`select_action`, `get_action`, `act`, `actor_pick_action`): called per iteration of a
 # loop that both acts and trains, it is judged like a function of a rollout
-_ACTING_FUNCTION = re.compile(r"^_?(\w+_)?(act|actions?)$")
+# (`evaluate_actions` scores given actions for the policy loss: training, not acting)
+_ACTING_FUNCTION = re.compile(r"^_?(?!evaluate_)(\w+_)?(act|actions?)$")
 _KEEPS_SCORES = re.compile(r"log_prob|log_softmax|\.gather\(|requires_grad")
 _EVAL_ITERABLE = re.compile(r"(^|_)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|$|loader|data|"
                             r"set|dl|ds|iter|batches)|^(val|valid|test|eval|dev)[a-z]*loader$", re.I)

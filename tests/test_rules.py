@@ -38,3 +38,12 @@ def test_codes_and_names_are_unique():
     rules = all_rules()
     assert len({r.code for r in rules}) == len(rules)
     assert len({r.name for r in rules}) == len(rules)
+
+
+@pytest.mark.parametrize(("name", "acting"), [
+    ("select_action", True), ("get_action", True), ("act", True), ("choose_actions", True),
+    ("evaluate_actions", False),  # PPO's scoring of stored actions for the policy loss: training
+])
+def test_acting_functions_are_told_from_action_scoring(name: str, acting: bool) -> None:
+    from gpulint.rules.eval_without_no_grad import _ACTING_FUNCTION
+    assert bool(_ACTING_FUNCTION.match(name)) is acting
