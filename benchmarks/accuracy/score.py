@@ -9,7 +9,8 @@ half (only scored). For each repository the script materialises the whole tree a
 clone or mirror under `--mirrors` (named `owner+name`, `owner__name` or `name`, bare or not; `--clone` fetches
 missing ones from GitHub), runs one `gpulint check --select ALL --output-format json` over it, and matches
 findings to labels: same file, same code, within two lines (program-level codes — TF32, autocast, cuDNN
-autotuning, channels-last — anywhere in the file). It prints recall on clear labels per family and overall,
+autotuning, channels-last — anywhere in the file, or in a file the reporting script imports, directly or through
+other files of the tree). It prints recall on clear labels per family and overall,
 the share of traps flagged, and the findings in labeled files that match no label (to review).
 No third-party code is committed: only label rows.
 """
@@ -84,11 +85,35 @@ def run_gpulint(tree: Path) -> list[dict]:
     if done.returncode not in (0, 1):
         raise SystemExit(f"gpulint failed on {tree}: {done.stderr.strip()[:500]}")
     findings = json.loads(done.stdout or "[]")
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.py"))
+    reached: dict[str, set[str]] = {}
     for finding in findings:
         finding["path"] = Path(finding["filename"]).resolve().relative_to(tree.resolve()).as_posix()
         if finding["code"] in PROGRAM_LEVEL:
-            finding["imports"] = imported_modules(Path(finding["filename"]))
+            if finding["path"] not in reached:
+                reached[finding["path"]] = reachable_files(tree, finding["path"], files)
+            finding["reaches"] = reached[finding["path"]]
     return findings
+
+
+IMPORT_DEPTH = 5
+
+
+def reachable_files(tree: Path, start: str, files: list[str]) -> set[str]:
+    """The files of the tree that `start` imports, directly or through the files it imports (first-party imports
+    resolved as `module_names` names them), to IMPORT_DEPTH levels: the program a program-level finding is for."""
+    found: set[str] = set()
+    frontier = [start]
+    for _ in range(IMPORT_DEPTH):
+        following = []
+        for importer in frontier:
+            modules = imported_modules(tree / importer)
+            for candidate in files:
+                if candidate not in found and candidate != start and modules & module_names(candidate, importer):
+                    found.add(candidate)
+                    following.append(candidate)
+        frontier = following
+    return found
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -121,9 +146,8 @@ def matches(finding: dict, label: dict) -> bool:
         return False
     if label["code"] in PROGRAM_LEVEL:
         # a program-level finding is reported once for the program: in the file of the training step the label
-        # points at, or in the entry script that imports it and starts the training
-        imports = finding.get("imports", set())
-        return finding["path"] == label["path"] or bool(imports & module_names(label["path"], finding["path"]))
+        # points at, or in the entry script that imports it (directly or through other files) and starts the training
+        return finding["path"] == label["path"] or label["path"] in finding.get("reaches", ())
     return finding["path"] == label["path"] and abs(finding["location"]["row"] - label["line"]) <= LINE_TOLERANCE
 
 
@@ -224,7 +248,7 @@ def main() -> int:
             for f in res["outside"]:
                 print(f"OUTSIDE {res['repo']} {f['path']}:{f['location']['row']} {f['code']} {f['message'][:100]}")
     if args.json:
-        args.json.write_text(json.dumps({"results": results}, indent=1, default=sorted))  # sets: the imports
+        args.json.write_text(json.dumps({"results": results}, indent=1, default=sorted))  # sets: the files a program-level finding reaches
     print("\nby code (clear labels): " + ", ".join(
         f"{code} {n}" for code, n in Counter(r["code"] for res in results for r in res["rows"]
                                                 if r["kind"] == "clear").most_common()))
