@@ -478,3 +478,14 @@ def test_a_submodule_named_after_a_network_class_is_part_of_a_forward_pass() -> 
     from gpulint.semantic import vocab
     assert not vocab.is_network_call("decoder.attention", vocab.network_class_names({"Attention"}))
     assert vocab.is_network_call("self.attention", vocab.network_class_names({"Attention"}))
+
+
+@pytest.mark.parametrize(("code", "ungated"), [
+    ("with torch.autocast('cuda', enabled=args.amp):\n    y = model(x)\n", False),
+    ("if args.amp:\n    with torch.cuda.amp.autocast():\n        y = model(x)\n", False),
+    ("with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = model(x)\n", True),  # always on
+    ("# with torch.autocast('cuda'):\ny = model(x)\n", False),
+])
+def test_an_autocast_outside_the_precision_switch_is_mixed_precision_in_effect(code: str, ungated: bool) -> None:
+    from gpulint.semantic.precision import _ungated_autocast
+    assert _ungated_autocast(code, frozenset({"amp"})) is ungated

@@ -312,6 +312,27 @@ def _launch_texts(directory: str, top: str) -> str:
     return "\n".join(parts)
 
 
+_AUTOCAST_CALL = re.compile(r"\bautocast\(")
+_GATE_LINES = 3  # an `if args.amp:` this many lines above an autocast gates it
+
+
+@lru_cache(maxsize=256)
+def _ungated_autocast(text: str, switches: frozenset[str]) -> bool:
+    """Does `text` enter an autocast that neither takes `enabled=` nor sits under an `if` naming a switch?"""
+    if "autocast(" not in text:
+        return False
+    lines = text.splitlines()
+    for match in _AUTOCAST_CALL.finditer(text):
+        row = text.count("\n", 0, match.start())
+        call = text[match.end():match.end() + 300].split(")", 1)[0]
+        above = lines[max(0, row - _GATE_LINES):row + 1]
+        gated = "enabled" in call or any(re.match(r"\s*(el)?if\b", line) and any(name in line for name in switches)
+                                         for line in above)
+        if not gated and in_code(_AUTOCAST_CALL, lines[row] + "\n"):
+            return True
+    return False
+
+
 def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
     """The switch (`--use_amp`) when the program's mixed precision is opt-in: its argument parser declares a
     precision switch off by default and no launch script or document of the project passes it. The default run
@@ -319,6 +340,9 @@ def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
     switches = [switch for text in texts.values() for switch in _switches_off_by_default(text)]
     if not switches:
         return None
+    names = {switch.lstrip("-").replace("-", "_") for switch in switches}
+    if any(_ungated_autocast(text, frozenset(names)) for text in texts.values()):
+        return None  # an autocast the switch does not control: mixed precision whatever the switch says
     folders = [str(Path(path).resolve().parent) for path in program_index(ctx).paths] or [ctx.path]
     launches = _launch_texts(str(Path(ctx.path).resolve().parent), os.path.commonpath(folders))
     passed = [switch for switch in switches
