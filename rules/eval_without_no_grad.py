@@ -699,6 +699,8 @@ class EvalWithoutNoGrad(Rule):
         if is_test_path(self.ctx.path) or isinstance(function, cst.FunctionDef) and self.ctx.analysis.hot.get(
                 id(function)) in (HotKind.STEP_FUNCTION, HotKind.CALLEE, HotKind.ROLLOUT):
             return  # a hot function is judged as a whole (`_check_rollout_function`)
+        if id(function) in self._reported_functions:
+            return  # the function is already reported (a sampling loop decorated as a whole)
         inside = self.ctx.ancestors[next((i for i, n in enumerate(self.ctx.ancestors) if n is function), 0):-1]
         if self.ctx.analysis.hot.get(id(loop)) not in (HotKind.STEP_LOOP, HotKind.ROLLOUT) or any(
                 self.ctx.analysis.hot.get(id(n)) in (HotKind.STEP_LOOP, HotKind.ROLLOUT)

@@ -444,3 +444,24 @@ def test_a_network_called_in_the_loop_runs_its_forward_and_its_submodules_forwar
     graph = CallGraph(sources)
     for key in ("LanguageModel.forward", "Decoder.forward", "Decoder._prepare_attention_mask", "_make_causal_mask"):
         assert graph.frequency.get(("modeling.py", key), Frequency.ONCE) >= Frequency.PER_STEP, key
+
+
+def test_a_receiver_named_after_a_class_runs_that_classes_own_method():
+    """`self.replay_buffer.sample(n)`, the buffer handed in by the caller, is `ReplayBuffer.sample` (not the other
+    buffer's `sample`): the receiver is named after the program's class. Only that class's own definition:
+    `self.quant_backend.write(x)` named after an abstract `QuantBackend` does not run every subclass's override
+    (which one the object is, the name does not say)."""
+    sources = {
+        "buffers.py": "class ReplayBuffer:\n    def sample(self, n):\n        return self.rows[:n]\n\n\n"
+                      "class PrioritizedBuffer:\n    def sample(self, n):\n        return self.tree.get(n)\n\n\n"
+                      "class QuantBackend:\n    def write(self, x):\n        raise NotImplementedError\n\n\n"
+                      "class CpuQuantBackend(QuantBackend):\n    def write(self, x):\n        return x.to('cpu')\n",
+        "agent.py": "class Agent:\n    def __init__(self, buffer, backend):\n        self.replay_buffer = buffer\n"
+                    "        self.quant_backend = backend\n\n    def update(self):\n"
+                    "        batch = self.replay_buffer.sample(32)\n        self.quant_backend.write(batch)\n",
+    }
+    graph = CallGraph(sources)
+    update = graph.files["agent.py"].functions["Agent.update"]
+    targets = {site.target[-1]: graph.resolve("agent.py", update, site.target) for site in update.sites}
+    assert targets["sample"] == [("buffers.py", "ReplayBuffer.sample")]
+    assert targets["write"] == [("buffers.py", "QuantBackend.write")]

@@ -1384,9 +1384,10 @@ class CallGraph:
             if found:
                 return found
         for cls in self._classes_named_like(named):  # `self.replay_buffer.sample()` of a `class ReplayBuffer`
+            # (that class's own definition only: which subclass the object is, its name does not say)
             found = self._method(path, cls, method)
             if found:
-                return found + [o for o in self._overrides(cls, method) if o not in found]
+                return found
         if method in _GENERIC_METHODS or method.startswith("__"):
             return []
         candidates = self._methods.get(method, [])
