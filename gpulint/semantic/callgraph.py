@@ -1732,6 +1732,10 @@ class CallGraph:
     def _loop_site_frequency(self, path: str, fn: FunctionSummary, site: CallSite, step_functions: set,
                              rollout_functions: set) -> Frequency:
         loops = self._loop_calls(path, fn, step_functions, rollout_functions)
+        if site.frequency in (Frequency.PER_ITERATION, Frequency.PER_ROLLOUT_STEP) \
+                and site.loop not in self.files[path].env_loops \
+                and set(self.resolve(path, fn, site.target)) & self._single_steps:
+            return Frequency.PER_STEP  # `for _ in range(n): muzero_model.train(batch)`: one training step per call
         if site.frequency is Frequency.PER_ROLLOUT_STEP and site.loop not in self.files[path].env_loops \
                 and loops.get(site.loop, _NOTHING)[3]:
             return Frequency.PER_ITERATION  # a network call per image or game, around a sampler or a search
@@ -1746,6 +1750,22 @@ class CallGraph:
                 and site.loop not in fn.around_hot and not vocab.EVAL_FUNCTION.match(fn.name):
             return Frequency.PER_ROLLOUT_STEP  # (a loop around the rollout loop runs once per iteration)
         return Frequency.PER_ITERATION
+
+    @cached_property
+    def _single_steps(self) -> set[tuple[str, str]]:
+        """Functions each call of which is one training step: a step function (backward and optimizer step outside
+        any loop), or one that calls such a function outside its loops (`def train(self, batch): X = prepare(batch);
+        self.backpropagation(self.forward(X))`), to a fixed point."""
+        found = set(self._step_functions)
+        for _ in range(MAX_DEPTH):
+            grown = {(path, fn.key) for path, summary in self.files.items() for fn in summary.functions.values()
+                     if (path, fn.key) not in found and any(
+                         not site.loops and not site.throttled and set(self.resolve(path, fn, site.target)) & found
+                         for site in fn.sites)}
+            if not grown:
+                break
+            found |= grown
+        return found
 
     def _loop_calls(self, path: str, fn: FunctionSummary, step_functions: set,
                     rollout_functions: set) -> dict[int, tuple[bool, bool, bool, bool]]:
