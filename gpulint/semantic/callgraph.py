@@ -1589,9 +1589,9 @@ class CallGraph:
     def _propagate(self) -> None:
         step_functions = self._step_functions = {(path, key) for path, summary in self.files.items()
                                                  for key, fn in summary.functions.items() if fn.steps_at_top}
-        rollout_functions = self._rollout_functions = {
+        rollout_functions = self._rollout_functions = self._wrapping({
             (path, key) for path, summary in self.files.items() for key, fn in summary.functions.items()
-            if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}
+            if fn.env_at_top or (fn.network_at_top and fn.seed is Frequency.ONCE)}, step_functions)
         self._trainer_set = self._trainers(step_functions)
         # `if t % train_every == 0: agent.learn(replay)` in a loop: each call is still one training step
         repeated_steps = self._steps_called_in_loops(step_functions)
@@ -1750,6 +1750,24 @@ class CallGraph:
                 and site.loop not in fn.around_hot and not vocab.EVAL_FUNCTION.match(fn.name):
             return Frequency.PER_ROLLOUT_STEP  # (a loop around the rollout loop runs once per iteration)
         return Frequency.PER_ITERATION
+
+    def _wrapping(self, evaluations: set[tuple[str, str]], step_functions: set[tuple[str, str]]
+                  ) -> set[tuple[str, str]]:
+        """`evaluations` (functions that step an environment or evaluate a network once per call) and the helpers
+        that call one of them outside their loops (`def expand_leaf(self, node): return
+        self.model.dynamics_inference(node.state)`): each call of such a helper is one evaluation too. Not a
+        function that trains, nor a network's own forward."""
+        found = set(evaluations)
+        for _ in range(MAX_DEPTH):
+            grown = {(path, fn.key) for path, summary in self.files.items() for fn in summary.functions.values()
+                     if (path, fn.key) not in found and (path, fn.key) not in step_functions
+                     and fn.seed is Frequency.ONCE and not fn.backward_names and any(
+                         not site.loops and not site.throttled and set(self.resolve(path, fn, site.target)) & found
+                         for site in fn.sites)}
+            if not grown:
+                break
+            found |= grown
+        return found
 
     @cached_property
     def _single_steps(self) -> set[tuple[str, str]]:

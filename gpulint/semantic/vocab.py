@@ -82,8 +82,12 @@ def is_loss_value(name: str) -> bool:
 
 
 def is_env_step(dotted: str | None) -> bool:
-    """One step of a host-side environment or game: `env.step(a)`, `self.envs.step(a)`, `game.play(move)`."""
-    return last_part(dotted) in ENV_METHODS and bool(ENV_RECEIVER.search(receiver(dotted)))
+    """One step of a host-side environment or game: `env.step(a)`, `self.envs.step(a)`, `game.play(move)`,
+    `environment.policy_step(policy)`."""
+    method = last_part(dotted)
+    return (method in ENV_METHODS or method.endswith("_step") and not method.startswith(("train", "optim", "update",
+                                                                                        "learn", "eval")))\
+        and bool(ENV_RECEIVER.search(receiver(dotted)))
 
 
 def returns_observation(dotted: str | None) -> bool:
