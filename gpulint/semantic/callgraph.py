@@ -677,7 +677,7 @@ class _Summariser:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if vocab.last_part(_dotted(target)) == "compile":
                 summary.seed = Frequency.PER_STEP
-        data_params = set(params) - {"self", "cls"}
+        data_params = set(params) - {"self", "cls"} | ({arguments.vararg.arg} if arguments.vararg else set())
         returns, assigns = _returns_and_assigns(node)
         enclosing_numbers, self._number_names = self._number_names, _number_names(assigns)
         if returns:
@@ -1022,6 +1022,8 @@ def _is_upload(value: ast.expr, params: set[str]) -> bool:
     data = source.args[0] if source.args else None
     while isinstance(data, ast.Call) and data.args:  # `np.asarray(x, dtype=np.float32)`
         data = data.args[0]
+    if isinstance(data, ast.Starred):  # `def from_numpy(*args): return torch.from_numpy(*args).to(device)`
+        data = data.value
     return isinstance(data, ast.Name) and data.id in params
 
 
