@@ -33,6 +33,7 @@ from gpulint.semantic.modules import (
     int_value,
     is_false,
     names_in,
+    held_class_facts,
     program_class_facts,
     rebuild_owner,
     returns_arity,
@@ -681,7 +682,7 @@ class SplitForwardSameModule(Rule):
 
     def __init__(self, ctx) -> None:  # noqa: ANN001
         super().__init__(ctx)
-        self.modules = ModuleResolver(ctx.analysis, program_class_facts(ctx))
+        self.modules = ModuleResolver(ctx.analysis, program_class_facts(ctx), held_class_facts(ctx))
 
     # -- where -------------------------------------------------------------------------------
 

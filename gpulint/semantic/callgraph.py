@@ -1197,6 +1197,15 @@ class CallGraph:
                 return found
         return None
 
+    def _held_objects(self, path: str, class_name: str, attr: str) -> list[str]:
+        """The program classes of the objects callers pass to `class_name.__init__` for the parameter it keeps in
+        `self.<attr>`."""
+        init = self.files[path].functions.get(f"{class_name}.__init__")
+        if init is None:
+            return []
+        return [built for source in init.copies.get(f"self.{attr}", ()) if source in init.params
+                for built in self._objects_in.get((path, init.key, source), ())]
+
     def _classes_named_like(self, name: str) -> list[str]:
         """The program's one class whose name a value is named after (`replay_buffer`, `replayBuffer` for
         `ReplayBuffer`); none for a name that is no class's, or that is the class itself."""
@@ -1367,6 +1376,11 @@ class CallGraph:
             # `self.memory.sample(n)` in a subclass, `self.memory = ReplayMemory(...)` in the base class's file
             found = [m for where, built in self._inherited_instances(path, fn.class_name, receiver)
                      for m in self._method(where, built, method)]
+        if not found and receiver.startswith("self.") and receiver.count(".") == 1 and fn.class_name is not None:
+            # `self.trainer.train(batch)` with `self.trainer = trainer` from `__init__(self, trainer)`: the classes
+            # of the objects the program's callers pass for it
+            found = [m for built in self._held_objects(path, fn.class_name, receiver[5:])
+                     for m in self._method(path, built, method)]
         if found:
             return found
         found = self._factory_method(path, fn, receiver, method)
@@ -2072,6 +2086,8 @@ class CallGraph:
         `value.item()` inside) `<function key>#reads-argument:<name>:<position or keyword>`, one whose parameter
         its callers pass a flag set every N steps (`vis_result = step % k == 0`) `<function key>#throttle-flag:<name>`,
         one every call of which passes only Python numbers `<function key>#numbers-only`,
+        a class whose `__init__` keeps in `self.<attr>` an instance its callers pass of a program class
+        `<class>#holds:<attr>:<that class>`,
         one looping over a program generator that re-yields an argument's items `<function key>#yields-argument:
         <callee name>:<position>`, one whose result every caller only reads back to the host
         `<function key>#returns-read-back` (and, in its
@@ -2116,6 +2132,14 @@ class CallGraph:
                                        and self.frequency.get(callee, Frequency.ONCE) >= Frequency.PER_ROLLOUT_STEP
                                        for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#evaluates-read-back:{site.target[-1]}"] = Frequency.ONCE
+        for (path, key, parameter), classes in self._objects_in.items():  # `self.policy = policy` in `__init__`
+            init = self.files[path].functions.get(key)
+            if init is None or init.class_name is None or init.name != "__init__":
+                continue
+            for target, sources in init.copies.items():
+                if target.startswith("self.") and target.count(".") == 1 and parameter in sources:
+                    for built in classes:
+                        found.setdefault(path, {})[f"{init.class_name}#holds:{target[5:]}:{built}"] = Frequency.ONCE
         for path, key, parameter in self._batch_parameters():
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
         passed = {pair for summary in self.files.values() for pair in summary.arguments_passed}

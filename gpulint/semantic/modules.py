@@ -52,7 +52,7 @@ _BUFFERS = {"torch.nn.Buffer", "torch.nn.parameter.Buffer"}  # `self.cos = nn.Bu
 _LIBRARY_MODELS = ("torchvision.models.", "timm.models.", "pretrainedmodels.", "segmentation_models_pytorch.")
 _LIBRARY_MODEL_FUNCTIONS = {"timm.create_model", "torch.hub.load"}
 _NOT_MODULE_PREFIXES = ("numpy.", "np.", "math.", "random.", "torch.nn.init.", "torch.nn.functional.",
-                        "torch.nn.utils.")
+                        "torch.nn.utils.", "torch.distributions.")
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,11 @@ class ModuleResolver:
     """Resolves `self.net`, `model`, `make_mlp(...)` to ModuleFacts, looking into this file and, given `imported`
     (`program_class_facts`), into the program file that defines a network class this file imports."""
 
-    def __init__(self, analysis: FileAnalysis, imported: Callable[[str], ModuleFacts | None] | None = None) -> None:
+    def __init__(self, analysis: FileAnalysis, imported: Callable[[str], ModuleFacts | None] | None = None,
+                 held: Callable[[str, str], ModuleFacts | None] | None = None) -> None:
         self.a = analysis
         self.imported = imported
+        self.held = held  # (class, attribute) -> facts of the networks callers hand the class's `__init__` for it
         self._class_cache: dict[str, ModuleFacts] = {}
         self._function_cache: dict[int, ModuleFacts] = {}
 
@@ -119,6 +121,9 @@ class ModuleResolver:
             if info is None:
                 return None
             bindings = [b for b in info.attrs.get(callee.attr.value, []) if b.kind is BindingKind.ASSIGN]
+            if bindings and self.held is not None and all(isinstance(b.value, cst.Name) for b in bindings):
+                # `self.policy = policy` from `__init__(self, policy)`: what the program's callers pass
+                return self.held(info.node.name.value, callee.attr.value)
             if bindings:
                 return self._of_values([b.value for b in bindings], info.node)
             method = self._method(info.node, callee.attr.value)
@@ -360,8 +365,10 @@ class ModuleResolver:
         for base in info.base_names:
             if base in self.a.classes and self.a.classes[base].is_module:
                 facts = facts.merge(self.of_class(base))
-            elif not (base.startswith("torch.nn.") or base in ("nn.Module", "Module")):
-                facts = facts.merge(UNKNOWN)
+            elif not (base.startswith("torch.nn.") or base in ("nn.Module", "Module") or base in _NEUTRAL_BASES):
+                # a base class of another file of the program (`class TanhGaussianPolicy(Mlp)`), else unknown
+                found = self.imported(base.rsplit(".", 1)[-1]) if self.imported is not None else None
+                facts = facts.merge(found if found is not None else UNKNOWN)
         for attr, bindings in info.attrs.items():
             for binding in bindings:
                 value = binding.value
@@ -385,7 +392,8 @@ class ModuleResolver:
                                                 shaped=inner.shaped))
         forward = self._method(info.node, "forward")
         if forward is not None:
-            facts = facts.merge(ModuleFacts(outputs=returns_arity(forward)))
+            # its own forward decides what a call returns, not the base class's it overrides
+            facts = replace(facts, outputs=returns_arity(forward))
             for node in walk(forward.body):
                 target = None
                 if isinstance(node, cst.AugAssign):
@@ -507,6 +515,8 @@ def returns_arity(fn: cst.FunctionDef) -> int | None:
                 arities.add(len(value.elements))
             elif value is None or isinstance(value, (cst.Dict, cst.List, cst.DictComp, cst.ListComp)):
                 return None
+            elif isinstance(value, cst.Call) and (dotted_name(value.func) or "").rsplit(".", 1)[-1][:1].isupper():
+                return None  # an object built from the outputs (`Normal(mean, std)`, `Output(...)`), not a tensor
             else:
                 arities.add(1)
     return arities.pop() if len(arities) == 1 else None
@@ -834,7 +844,67 @@ def program_class_facts(ctx) -> Callable[[str], ModuleFacts | None]:  # noqa: AN
     return facts
 
 
-def _class_facts_in(text: str, name: str, module_classes: set[str]) -> ModuleFacts | None:
+def held_class_facts(ctx) -> Callable[[str, str], ModuleFacts | None]:  # noqa: ANN001
+    """For `ModuleResolver(held=...)`: the facts of the network classes the program's callers pass to a class's
+    `__init__` for the parameter it keeps in `self.<attr>` (the call graph's `#holds:` markers), merged; None when
+    they pass no network class. Classes that are not networks (an exploration strategy passed as a policy in
+    another script) do not count."""
+    def facts(class_name: str, attr: str) -> ModuleFacts | None:
+        prefix = f"{class_name}#holds:{attr}:"
+        found: ModuleFacts | None = None
+        for key in ctx.analysis.program_keys:
+            if not key.startswith(prefix) or "::" not in key:
+                continue
+            path, name = key[len(prefix):].rsplit("::", 1)
+            if path not in ctx.program.sources:
+                continue
+            held = _program_class_facts(ctx.program, path, name, 0)
+            if held is not None:
+                found = held if found is None else found.merge(held)
+        return found
+
+    return facts
+
+
+_BASE_DEPTH = 4  # base classes followed across the program's files
+_NEUTRAL_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol"})
+
+
+def _program_class_facts(program, path: str, name: str, depth: int) -> ModuleFacts | None:  # noqa: ANN001
+    """The facts of class `name` defined in `path`, its base classes looked up in whichever one file of the program
+    defines them (to _BASE_DEPTH levels). Remembered per program."""
+    def compute(program) -> ModuleFacts | None:  # noqa: ANN001
+        def base_facts(base: str) -> ModuleFacts | None:
+            files = _defining(program).get(base, [])
+            if depth >= _BASE_DEPTH or not files:
+                return None
+            if base not in program.module_classes:
+                return ModuleFacts()  # a plain mixin of the program (`class Policy(object)`): no layers
+            found = [_program_class_facts(program, file, base, depth + 1) for file in files]
+            if any(facts is None for facts in found):
+                return None
+            merged = found[0]
+            for facts in found[1:]:  # several files define the name: what holds for all of them
+                merged = merged.merge(facts)
+            return merged
+        return _class_facts_in(program.sources[path], name, program.module_classes, base_facts)
+    return program.derived(f"held-module-facts:{path}:{name}", compute)
+
+
+def _defining(program) -> dict[str, list[str]]:  # noqa: ANN001
+    """Class name -> the program's files that define it at the start of a line, found once per program."""
+    def compute(program) -> dict[str, list[str]]:  # noqa: ANN001
+        found: dict[str, list[str]] = {}
+        pattern = re.compile(r"^class\s+(\w+)", re.M)
+        for path, text in program.sources.items():
+            for defined in dict.fromkeys(pattern.findall(text)):
+                found.setdefault(defined, []).append(path)
+        return found
+    return program.derived("class-definitions", compute)
+
+
+def _class_facts_in(text: str, name: str, module_classes: set[str],
+                    bases: Callable[[str], ModuleFacts | None] | None = None) -> ModuleFacts | None:
     from gpulint.analysis import analyze
     from gpulint.engine import TooComplex, parse  # the parse guarded against inputs that crash libcst
 
@@ -846,4 +916,4 @@ def _class_facts_in(text: str, name: str, module_classes: set[str]) -> ModuleFac
     info = analysis.classes.get(name)
     if info is None or not info.is_module:
         return None
-    return ModuleResolver(analysis).of_class(name)
+    return ModuleResolver(analysis, bases).of_class(name)
