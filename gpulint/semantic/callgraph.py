@@ -1770,15 +1770,18 @@ class CallGraph:
     def _wrapping(self, evaluations: set[tuple[str, str]], step_functions: set[tuple[str, str]]
                   ) -> set[tuple[str, str]]:
         """`evaluations` (functions that step an environment or evaluate a network once per call) and the helpers
-        that call one of them outside their loops (`def expand_leaf(self, node): return
+        that call one of them and have no loops of their own (`def expand_leaf(self, node): return
         self.model.dynamics_inference(node.state)`): each call of such a helper is one evaluation too. Not a
-        function that trains, nor a network's own forward."""
+        function that trains, loops (a sampler running many steps per call), nor a network's own forward."""
         found = set(evaluations)
         for _ in range(MAX_DEPTH):
             grown = {(path, fn.key) for path, summary in self.files.items() for fn in summary.functions.values()
                      if (path, fn.key) not in found and (path, fn.key) not in step_functions
-                     and fn.seed is Frequency.ONCE and not fn.backward_names and any(
-                         not site.loops and not site.throttled and set(self.resolve(path, fn, site.target)) & found
+                     and fn.seed is Frequency.ONCE and not fn.backward_names and not fn.loops
+                     and fn.name != "__init__" and any(
+                         not site.loops and not site.throttled and any(
+                             callee in found and not callee[1].endswith(".__init__")  # (building is no evaluation)
+                             for callee in self.resolve(path, fn, site.target))
                          for site in fn.sites)}
             if not grown:
                 break
