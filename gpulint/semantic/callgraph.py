@@ -1376,11 +1376,6 @@ class CallGraph:
             # `self.memory.sample(n)` in a subclass, `self.memory = ReplayMemory(...)` in the base class's file
             found = [m for where, built in self._inherited_instances(path, fn.class_name, receiver)
                      for m in self._method(where, built, method)]
-        if not found and receiver.startswith("self.") and receiver.count(".") == 1 and fn.class_name is not None:
-            # `self.trainer.train(batch)` with `self.trainer = trainer` from `__init__(self, trainer)`: the classes
-            # of the objects the program's callers pass for it
-            found = [m for built in self._held_objects(path, fn.class_name, receiver[5:])
-                     for m in self._method(path, built, method)]
         if found:
             return found
         found = self._factory_method(path, fn, receiver, method)
@@ -1422,6 +1417,11 @@ class CallGraph:
             overrides = self._overrides(candidate[1].rsplit(".", 1)[0], method)
             if all(other == candidate or other in overrides for other in beside):
                 return [candidate, *(o for o in overrides if o != candidate)]
+        if receiver.startswith("self.") and receiver.count(".") == 1 and fn.class_name is not None:
+            # `self.trainer.train(batch)` with `self.trainer = trainer` from `__init__(self, trainer)`: the classes
+            # of the objects the program's callers are seen to pass for it (last: some callers may not be seen)
+            return [m for built in self._held_objects(path, fn.class_name, receiver[5:])
+                    for m in self._method(path, built, method)]
         return []
 
     def _factory_method(self, path: str, fn: FunctionSummary, receiver: str, method: str) -> list[tuple[str, str]]:
