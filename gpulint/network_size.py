@@ -141,14 +141,21 @@ def _sizes(text: str) -> _Sizes:
 
 
 def _widens_a_dimension(widths: list[ast.AST]) -> bool:
-    """`Linear(dim, 4 * dim)`, `Linear(int(dim * ratio), dim)`: one width is the other's name multiplied (a block's
-    MLP). Not `Linear(512 * block.expansion, num_classes)`, a classifier head."""
+    """`Linear(dim, 4 * dim)`, `Linear(int(dim * ratio), dim)`: one width is the other multiplied (a block's MLP).
+    Not `Linear(512 * block.expansion, num_classes)` nor `Linear(4 * w * h, w * h)`, classifier heads."""
     if len(widths) != 2:
         return False
-    names = [{pyast.dotted(n) for n in pyast.walk(width) if isinstance(n, (ast.Name, ast.Attribute))} - {None}
-             for width in widths]
-    return bool(names[0] & names[1]) and any(
-        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for width in widths for n in pyast.walk(width))
+    return _scaled(widths[0], widths[1]) or _scaled(widths[1], widths[0])
+
+
+def _scaled(wide: ast.AST, narrow: ast.AST) -> bool:
+    """Is `wide` `narrow` times a factor (`4 * dim`, `dim * mlp_ratio`, `int(dim * ratio)`)?"""
+    if isinstance(wide, ast.Call) and isinstance(wide.func, ast.Name) and wide.func.id == "int" and wide.args:
+        wide = wide.args[0]
+    if not (isinstance(wide, ast.BinOp) and isinstance(wide.op, ast.Mult)):
+        return False
+    same = ast.dump(narrow)
+    return ast.dump(wide.left) == same or ast.dump(wide.right) == same
 
 
 def _pairs(target: ast.AST, value: ast.AST) -> list[tuple[ast.AST, ast.AST]]:

@@ -455,6 +455,8 @@ class HostDataToDevicePerStep(Rule):
             else None
         if called not in self._uploaders or not node.args or node.args[0].keyword is not None:
             return False
+        if (self.ctx.qualname(node.func) or "").startswith(("torch.", "numpy.")):
+            return False  # `torch.from_numpy(x)` itself, not the program's `ptu.from_numpy(x)` of the same name
         function = self.ctx.enclosing(cst.FunctionDef)
         key = self.ctx.analysis.key_of(function)
         if f"{key}#uploads:{called}" not in self.ctx.analysis.program_keys:

@@ -463,6 +463,8 @@ def test_a_value_named_after_a_network_class_is_a_network(call: str, network: bo
     ("nn.Conv2d(dim, dim, 7), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)", None),
     # a ResNet: convolutions and a classifier head whose width is computed, not a widened dimension
     ("nn.Conv2d(3, 64, 3), nn.Linear(512 * block.expansion, num_classes)", "small"),
+    # a policy head over the board's positions: both widths are products of the board's sides, neither widens
+    ("nn.Conv2d(4, 32, 3), nn.Linear(4 * width * height, width * height)", "small"),
     # an Atari trunk projecting its flattened features (computed at run time) to 512: a large GEMM
     ("nn.Conv2d(4, 32, 8), nn.Conv2d(32, 64, 4), nn.Linear(output_dim, 512), nn.Linear(512, n_actions)", "large"),
 ])
