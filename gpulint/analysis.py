@@ -572,10 +572,11 @@ _UNSET = object()
 
 
 class _PrePass(cst.CSTVisitor):
-    def __init__(self, analysis: FileAnalysis, network_names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, analysis: FileAnalysis) -> None:
         super().__init__()
         self.a = analysis
-        self.network_names = network_names  # the program's network classes, as values are named after them
+        # the program's network classes, as values are named after them
+        self.network_names = vocab.network_class_names(analysis.program_networks)
         self.stack: list[cst.CSTNode] = []
         self.scope_stack: list[Scope] = []
         self.class_stack: list[ClassInfo] = []
@@ -1069,12 +1070,12 @@ def analyze(module: cst.Module, known_module_classes: set[str] | None = None,
     """The file's shared facts; `calls` (from the program's call graph) says how often its functions run."""
     _CHILDREN.clear()
     analysis = FileAnalysis(module)
-    prepass = _PrePass(analysis, vocab.network_class_names(known_module_classes or ()))
+    analysis.program_networks = frozenset(known_module_classes or ())
+    prepass = _PrePass(analysis)
     traverse(module, prepass.on_visit, prepass.on_leave)
     _drop_rebound_aliases(analysis)
     if analysis.device_variable_use and not analysis.cpu_device_binding and not analysis.cuda_evidence:
         analysis.maybe_cuda_evidence = True
-    analysis.program_networks = frozenset(known_module_classes or ())
     _mark_modules(analysis, known_module_classes or set())
     _mark_hot(analysis, prepass.regions, calls)
     if calls is not None:

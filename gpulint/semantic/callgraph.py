@@ -1214,9 +1214,9 @@ class CallGraph:
         if self._class_by_normalised is None:
             by_name: dict[str, list[str]] = {}
             for cls in self._classes:
-                by_name.setdefault(cls.replace("_", "").lower(), []).append(cls)
+                by_name.setdefault(vocab.normalised_name(cls), []).append(cls)
             self._class_by_normalised = by_name
-        found = self._class_by_normalised.get(name.replace("_", "").lower(), [])
+        found = self._class_by_normalised.get(vocab.normalised_name(name), [])
         return found if len(found) == 1 else []
 
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:

@@ -849,6 +849,8 @@ def held_class_facts(ctx) -> Callable[[str, str], ModuleFacts | None]:  # noqa: 
     `__init__` for the parameter it keeps in `self.<attr>` (the call graph's `#holds:` markers), merged; None when
     they pass no network class. Classes that are not networks (an exploration strategy passed as a policy in
     another script) do not count."""
+    from gpulint.program import program_index  # (the program layer reads imports without libcst)
+
     def facts(class_name: str, attr: str) -> ModuleFacts | None:
         prefix = f"{class_name}#holds:{attr}:"
         found: ModuleFacts | None = None
@@ -858,7 +860,7 @@ def held_class_facts(ctx) -> Callable[[str, str], ModuleFacts | None]:  # noqa: 
             path, name = key[len(prefix):].rsplit("::", 1)
             if path not in ctx.program.sources:
                 continue
-            held = _program_class_facts(ctx.program, path, name, 0)
+            held = _program_class_facts(ctx.program, program_index(ctx).definitions("class"), path, name, 0)
             if held is not None:
                 found = held if found is None else found.merge(held)
         return found
@@ -870,17 +872,18 @@ _BASE_DEPTH = 4  # base classes followed across the program's files
 _NEUTRAL_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol"})
 
 
-def _program_class_facts(program, path: str, name: str, depth: int) -> ModuleFacts | None:  # noqa: ANN001
-    """The facts of class `name` defined in `path`, its base classes looked up in whichever one file of the program
-    defines them (to _BASE_DEPTH levels). Remembered per program."""
+def _program_class_facts(program, defining: dict[str, list[str]], path: str, name: str,  # noqa: ANN001
+                         depth: int) -> ModuleFacts | None:
+    """The facts of class `name` defined in `path`, its base classes looked up in the files of the program that
+    define them (`defining`: `ProgramIndex.definitions("class")`), to _BASE_DEPTH levels. Remembered per program."""
     def compute(program) -> ModuleFacts | None:  # noqa: ANN001
         def base_facts(base: str) -> ModuleFacts | None:
-            files = _defining(program).get(base, [])
+            files = defining.get(base, [])
             if depth >= _BASE_DEPTH or not files:
                 return None
             if base not in program.module_classes:
                 return ModuleFacts()  # a plain mixin of the program (`class Policy(object)`): no layers
-            found = [_program_class_facts(program, file, base, depth + 1) for file in files]
+            found = [_program_class_facts(program, defining, file, base, depth + 1) for file in files]
             if any(facts is None for facts in found):
                 return None
             merged = found[0]
@@ -889,18 +892,6 @@ def _program_class_facts(program, path: str, name: str, depth: int) -> ModuleFac
             return merged
         return _class_facts_in(program.sources[path], name, program.module_classes, base_facts)
     return program.derived(f"held-module-facts:{path}:{name}", compute)
-
-
-def _defining(program) -> dict[str, list[str]]:  # noqa: ANN001
-    """Class name -> the program's files that define it at the start of a line, found once per program."""
-    def compute(program) -> dict[str, list[str]]:  # noqa: ANN001
-        found: dict[str, list[str]] = {}
-        pattern = re.compile(r"^class\s+(\w+)", re.M)
-        for path, text in program.sources.items():
-            for defined in dict.fromkeys(pattern.findall(text)):
-                found.setdefault(defined, []).append(path)
-        return found
-    return program.derived("class-definitions", compute)
 
 
 def _class_facts_in(text: str, name: str, module_classes: set[str],

@@ -117,15 +117,16 @@ _NOT_A_NETWORK_CLASS = re.compile(r"loss|criterion|metric|norm$|layer$|block$|em
 def network_class_names(classes: Iterable[str]) -> frozenset[str]:
     """The program's network classes, named as a value holding one would be (`MuZero` -> `muzero`, matching
     `muZero` and `mu_zero`); losses, metrics and single layers are left out (a `loss(...)` call is no forward)."""
-    return frozenset(_normalised(name) for name in classes if not _NOT_A_NETWORK_CLASS.search(name))
+    return frozenset(normalised_name(name) for name in classes if not _NOT_A_NETWORK_CLASS.search(name))
 
 
 def _named_after(name: str, network_classes: frozenset[str]) -> bool:
     """A value (not the class itself: `MuZero(game)` builds one) whose name is a network class's."""
-    return bool(network_classes) and not name[:1].isupper() and _normalised(name) in network_classes
+    return bool(network_classes) and not name[:1].isupper() and normalised_name(name) in network_classes
 
 
-def _normalised(name: str) -> str:
+def normalised_name(name: str) -> str:
+    """A name as spelled without case or underscores: `muZero`, `mu_zero` and `MuZero` are one."""
     return name.replace("_", "").lower()
 
 
