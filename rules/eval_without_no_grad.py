@@ -793,11 +793,13 @@ class EvalWithoutNoGrad(Rule):
         name = func.attr.value
         if name in _NOT_FORWARD or name.startswith("_") or self.ctx.evidence.is_module(func.value) is None:
             return False
-        defined = self.__dict__.setdefault("_defined_methods", {})
-        if name not in defined:
-            pattern = re.compile(r"^[ \t]*(async\s+)?def\s+" + re.escape(name) + r"\s*\(", re.M)
-            defined[name] = bool(self.ctx.program.search(pattern))
-        return not defined[name]
+        return not self._definitions(name)
+
+    def _definitions(self, name: str) -> list:
+        """(path, match) of every `def <name>(` in the program, its indent in group 1 and decorators in group 2
+        (the program remembers each search)."""
+        return self.ctx.program.search(
+            re.compile(r"^([ \t]*)((?:@[^\n]*\n[ \t]*)*)def\s+" + re.escape(name) + r"\s*\(", re.M))
 
     def _method_records(self, name: str) -> bool:
         """A method defined in the program whose body runs with grad mode untouched. Methods we cannot see
@@ -806,8 +808,7 @@ class EvalWithoutNoGrad(Rule):
         if name in cache:
             return cache[name]
         found = False
-        pattern = re.compile(r"^([ \t]*)((?:@[^\n]*\n[ \t]*)*)def\s+" + re.escape(name) + r"\s*\(", re.M)
-        for path, match in self.ctx.program.search(pattern):
+        for path, match in self._definitions(name):
             text = self.ctx.program.sources.get(path, "")
             if re.search(r"no_grad|inference_mode", match.group(2)):
                 found = False

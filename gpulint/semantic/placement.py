@@ -640,10 +640,7 @@ class Placement:
     def _distribution(self, node: cst.BaseExpression, before: int | None) -> cst.Call | None:
         """The `torch.distributions.X(...)` call `node` is, or the one name `node` was bound to."""
         if isinstance(node, cst.Name):
-            bindings = self.reaching(node.value, before)
-            if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
-                return None
-            node = bindings[0].value
+            node = self._bound_call(node, before)
         if isinstance(node, cst.Call) and (self.ctx.qualname(node.func) or "").startswith("torch.distributions."):
             return node
         return None
