@@ -1772,32 +1772,30 @@ class CallGraph:
         """`evaluations` (functions that step an environment or evaluate a network once per call) and the helpers
         that call one of them and have no loops of their own (`def expand_leaf(self, node): return
         self.model.dynamics_inference(node.state)`): each call of such a helper is one evaluation too. Not a
-        function that trains, loops (a sampler running many steps per call), nor a network's own forward."""
-        found = set(evaluations)
-        for _ in range(MAX_DEPTH):
-            grown = {(path, fn.key) for path, summary in self.files.items() for fn in summary.functions.values()
-                     if (path, fn.key) not in found and (path, fn.key) not in step_functions
-                     and fn.seed is Frequency.ONCE and not fn.backward_names and not fn.loops
-                     and fn.name != "__init__" and any(
-                         not site.loops and not site.throttled and any(
-                             callee in found and not callee[1].endswith(".__init__")  # (building is no evaluation)
-                             for callee in self.resolve(path, fn, site.target))
-                         for site in fn.sites)}
-            if not grown:
-                break
-            found |= grown
-        return found
+        function that trains, loops (a sampler running many steps per call), nor a network's own forward; building
+        an object (its `__init__`) is no evaluation."""
+        return self._callers_closure(
+            evaluations,
+            lambda path, fn: (path, fn.key) not in step_functions and fn.seed is Frequency.ONCE
+            and not fn.backward_names and not fn.loops and fn.name != "__init__",
+            lambda callee: not callee[1].endswith(".__init__"))
 
     @cached_property
     def _single_steps(self) -> set[tuple[str, str]]:
         """Functions each call of which is one training step: a step function (backward and optimizer step outside
         any loop), or one that calls such a function outside its loops (`def train(self, batch): X = prepare(batch);
         self.backpropagation(self.forward(X))`), to a fixed point."""
-        found = set(self._step_functions)
+        return self._callers_closure(self._step_functions, lambda path, fn: True, lambda callee: True)
+
+    def _callers_closure(self, seeds: set[tuple[str, str]], admits, counts) -> set[tuple[str, str]]:
+        """`seeds` and, to a fixed point (MAX_DEPTH rounds), every function `admits(path, fn)` accepts that calls one
+        of them (a callee `counts` accepts) outside its loops and unthrottled: what one call of it does once."""
+        found = set(seeds)
         for _ in range(MAX_DEPTH):
             grown = {(path, fn.key) for path, summary in self.files.items() for fn in summary.functions.values()
-                     if (path, fn.key) not in found and any(
-                         not site.loops and not site.throttled and set(self.resolve(path, fn, site.target)) & found
+                     if (path, fn.key) not in found and admits(path, fn) and any(
+                         not site.loops and not site.throttled and any(
+                             callee in found and counts(callee) for callee in self.resolve(path, fn, site.target))
                          for site in fn.sites)}
             if not grown:
                 break
