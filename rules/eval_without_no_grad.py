@@ -739,7 +739,7 @@ class EvalWithoutNoGrad(Rule):
             wrapped = cst.With(items=[cst.WithItem(cst.parse_expression(f"{spelled}()"))],
                                body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
                                leading_lines=statement.leading_lines)
-            self.report(call, "The network picks an action with autograd recording on every environment step or "
+            self.report(call, "The network runs with autograd recording on every environment step or "
                               "search simulation; its outputs are only read as data: run the call under "
                               "`torch.no_grad()`",
                         replacements=[(statement, wrapped)], imports=imports, safety=Safety.UNSAFE)
@@ -747,9 +747,10 @@ class EvalWithoutNoGrad(Rule):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _host_readers(self, key: str) -> frozenset[str]:
-        """Names of program helpers the function calls that read their argument back to the host (`to_np`)."""
-        prefix = f"{key}#downloads:"
-        return frozenset(k[len(prefix):] for k in self.ctx.analysis.program_keys if k.startswith(prefix))
+        """Names of program helpers the function calls that read their argument back to the host (`to_np`) or write
+        every argument into NumPy arrays (`buffer.store(obs, val)`)."""
+        prefixes = (f"{key}#downloads:", f"{key}#stores-to-host:")
+        return frozenset(k.split(":", 1)[1] for k in self.ctx.analysis.program_keys if k.startswith(prefixes))
 
     def _model_calls(self, root: cst.CSTNode):
         """`model(x)`, `self.net(x)`, and forward-like methods with an input: `agent.get_action_and_value(obs)`."""

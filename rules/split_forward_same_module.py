@@ -292,6 +292,7 @@ class _Site:
     template: str  # the value with the call replaced by a placeholder
     prepared_between: bool = False  # its inputs are computed after the group's first call (independently of it)
     nested: bool = False  # an argument of another call (`torch.min(q1(s, a), q2(s, a))`): reported, never rewritten
+    indexed: bool = False  # its output indexed at once (`q = net(s)[rows, actions]`): reported, never rewritten
 
 
 class SplitForwardSameModule(Rule):
@@ -785,7 +786,7 @@ class SplitForwardSameModule(Rule):
         if self._callee_kind(call) is None:
             return None
         template = code_of(small.value.deep_replace(call, cst.Name("__CALL__"))) if small.value is not call else "__CALL__"
-        return _Site(statement, small, call, template)
+        return _Site(statement, small, call, template, indexed=isinstance(small.value, cst.Subscript))
 
     def _sites(self, statement: cst.BaseStatement) -> list[_Site]:
         """The network calls of a statement: the one its assignment is built on, or the network calls passed
@@ -890,6 +891,8 @@ class SplitForwardSameModule(Rule):
             why_not = "a later batch is prepared between the calls; move its preparation above the first call"
         if why_not is None and any(s.nested for s in group):
             why_not = "a call is an argument of another expression (`torch.min(q1(s, a), ...)`); merge by hand"
+        if why_not is None and any(s.indexed for s in group):
+            why_not = "an output is indexed where it is computed (`net(s)[rows, actions]`); merge by hand"
         if why_not is None and len({s.template for s in group}) > 1:
             why_not = "the calls' results are used differently (one is reshaped or indexed); merge by hand"
         if why_not is None:
@@ -1291,7 +1294,10 @@ def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
 
 
 def _base_call(value: cst.BaseExpression) -> cst.Call | None:
-    """`net(x)` in `net(x)`, `net(x).squeeze(-1)`, `net(x).float().softmax(-1)`."""
+    """`net(x)` in `net(x)`, `net(x).squeeze(-1)`, `net(x).float().softmax(-1)`, `net(x)[rows, actions]`."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) \
+            and isinstance(value.value.func, (cst.Name, cst.Attribute)):
+        return value.value
     node = value
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Call):
         node = node.func.value

@@ -491,3 +491,22 @@ def test_a_submodule_named_after_a_network_class_is_part_of_a_forward_pass() -> 
 def test_an_autocast_outside_the_precision_switch_is_mixed_precision_in_effect(code: str, ungated: bool) -> None:
     from gpulint.semantic.precision import _ungated_autocast
     assert _ungated_autocast(code, frozenset({"amp"})) is ungated
+
+
+def test_a_method_writing_every_argument_into_numpy_arrays_marks_its_callers() -> None:
+    """`buffer.store(obs, value)` into `np.zeros` arrays turns the arguments into host data (`#stores-to-host:`);
+    appending them to lists keeps the tensors, and a method that leaves one argument unwritten is no recorder."""
+    buffer = ("import numpy as np\n\nclass Buffer:\n    def __init__(self, n):\n"
+              "        self.obs = np.zeros((n, 4))\n        self.val = np.zeros(n)\n        self.i = 0\n\n"
+              "    def store(self, obs, val):\n        self.obs[self.i] = obs\n        self.val[self.i] = val\n\n"
+              "    def keep(self, obs, val):\n        self.obs[self.i] = obs\n        print(val)\n\n"
+              "class Memory:\n    def __init__(self):\n        self.values = []\n\n"
+              "    def store(self, val):\n        self.values.append(val)\n")
+    agent = ("from buffer import Buffer, Memory\n\n"
+             "def record(net, obs):\n    buffer = Buffer(8)\n"
+             "    for _ in range(8):\n        buffer.store(obs, net(obs))\n\n"
+             "def print_too(net, obs):\n    buffer = Buffer(8)\n"
+             "    for _ in range(8):\n        buffer.keep(obs, net(obs))\n\n"
+             "def remember(net, obs):\n    memory = Memory()\n    for _ in range(8):\n        memory.store(net(obs))\n")
+    markers = CallGraph({"buffer.py": buffer, "agent.py": agent}).by_file().get("agent.py", {})
+    assert sorted(m for m in markers if "#stores-to-host:" in m) == ["record#stores-to-host:store"]

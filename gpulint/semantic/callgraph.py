@@ -122,6 +122,9 @@ class FunctionSummary:
     operands: dict[str, set[str]] = field(default_factory=dict)  # `loss = pi_loss + v_loss`: name -> operand names
     uploads: bool = False  # returns a parameter turned into a tensor on the host and moved to a device
     downloads: bool = False  # returns a parameter read back to the host (`def to_np(t): return t.cpu().numpy()`)
+    # `self.<attr>` of the array each data parameter is written into (`self.val_buf[self.ptr] = val`); empty unless
+    # every data parameter is: a recorder whose arguments become NumPy data if those attributes are NumPy arrays
+    stored_into: frozenset[str] = frozenset()
     returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
     # positions of the returned tuple (None: the whole result) holding values it backpropagates (`return loss, acc`)
     returns_losses: tuple[int | None, ...] = ()
@@ -162,6 +165,7 @@ class FileSummary:
     arguments_passed: set[tuple[str, str | int]] = field(default_factory=set)
     # `name = partial(function, ...)`: name -> (function, whether a `device=` is bound)
     partials: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
+    numpy_arrays: dict[str, set[str]] = field(default_factory=dict)  # class -> `self.<attr> = np.zeros(...)` attrs
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -686,6 +690,10 @@ class _Summariser:
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
+        if class_name is not None:
+            self.file.numpy_arrays.setdefault(class_name, set()).update(_numpy_attributes(assigns))
+            if data_params and not arguments.vararg:
+                summary.stored_into = _stored_into(assigns, data_params)
         summary.abstract = _is_abstract(node)
         summary.yields_parameter = _yielded_parameter(node, data_params) if self._yields else None
         summary.cpu_defaults = _cpu_defaults(arguments)
@@ -840,6 +848,36 @@ def _downloads_parameter(params: set[str], returned: list[ast.expr]) -> bool:
         if reads and isinstance(value, ast.Name) and value.id in params:
             return True
     return False
+
+
+_NUMPY_ARRAY_BUILDERS = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like",
+                                   "full_like", "array"})
+
+
+def _numpy_attributes(assigns: list[ast.Assign]) -> set[str]:
+    """Attributes a method sets to a NumPy array (`self.val_buf = np.zeros(size, dtype=np.float32)`)."""
+    found = set()
+    for assign in assigns:
+        value = assign.value
+        if isinstance(value, ast.Call) and (_dotted(value.func) or "").split(".")[0] in ("np", "numpy") \
+                and vocab.last_part(_dotted(value.func)) in _NUMPY_ARRAY_BUILDERS:
+            found.update(t.attr for t in assign.targets if isinstance(t, ast.Attribute)
+                         and isinstance(t.value, ast.Name) and t.value.id == "self")
+    return found
+
+
+def _stored_into(assigns: list[ast.Assign], params: set[str]) -> frozenset[str]:
+    """`def store(self, obs, val): self.obs_buf[self.ptr] = obs; self.val_buf[self.ptr] = val`: the attributes its
+    parameters are written into, when every parameter is written into an element of one (else empty)."""
+    into: dict[str, str] = {}
+    for assign in assigns:
+        if not isinstance(assign.value, ast.Name) or assign.value.id not in params:
+            continue
+        for target in assign.targets:
+            array = target.value if isinstance(target, ast.Subscript) else None
+            if isinstance(array, ast.Attribute) and isinstance(array.value, ast.Name) and array.value.id == "self":
+                into[assign.value.id] = array.attr
+    return frozenset(into.values()) if set(into) == params else frozenset()
 
 
 def _cpu_defaults(arguments: ast.arguments) -> tuple[tuple[int, str], ...]:
@@ -2077,7 +2115,8 @@ class CallGraph:
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
-        a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a function
+        a method writing every argument into NumPy arrays (`buffer.store(obs, val)`)
+        `<function key>#stores-to-host:<name>`, one that calls a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a function
         returning a value it backpropagated `<function key>#loss-result:<name>:<tuple position, or nothing>`, one
         that calls a tensor helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
@@ -2161,6 +2200,9 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#uploads:{site.target[-1]}"] = Frequency.ONCE
                     if any(callee.downloads for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#downloads:{site.target[-1]}"] = Frequency.ONCE
+                    if callees and all(callee.stored_into and callee.stored_into <= self.files[p].numpy_arrays.get(
+                            callee.class_name or "", set()) for (p, _), callee in zip(resolved, callees)):
+                        found.setdefault(path, {})[f"{fn.key}#stores-to-host:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
                     for callee in resolved:

@@ -77,12 +77,15 @@ _INDEX_PRODUCERS = {"nonzero", "argwhere", "argsort", "topk", "sort", "randperm"
                     "argmin", "nms", "batched_nms", "long", "int", "range", "list", "unique", "searchsorted",
                     "bucketize", "indices", "choice", "permutation", "flatnonzero", "tolist", "item", "len"}
 _STRONG_MASK_NAME = re.compile(r"mask", re.I)
+# episode-end flags: indexing a tensor, they can only be a bool mask (a 0/1 integer index would pick rows 0 and 1,
+# a float one raises)
+_TERMINAL_NAME = re.compile(r"^(dones?|terminals?|is_terminals?|terminateds?)$", re.I)
 
 
 def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | None:
     """`ctx.evidence.mask_confidence`, minus names whose reaching assignment is an index producer
     (`keep = nms(...)`, `idx = mask.nonzero()`) and name-only masks that do not say `mask`
-    (`keep`, `valid`, `done` are often index tensors or NumPy arrays)."""
+    (`keep`, `valid` are often index tensors or NumPy arrays; episode-end flags, `dones`, are masks as indexes)."""
     found = ctx.mask_confidence(node)
     if found is None or found is Confidence.HIGH:
         return found
@@ -102,7 +105,7 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
         name = node.attr.value
     else:
         return None
-    return Confidence.LOW if _STRONG_MASK_NAME.search(name) else None
+    return Confidence.LOW if _STRONG_MASK_NAME.search(name) or _TERMINAL_NAME.match(name) else None
 
 
 _INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)
@@ -223,6 +226,8 @@ def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) 
         return True
     if ctx.evidence.is_module(node.func) is not None:
         return True  # `self.encoder(x)`: a module's output (also one proven a network by its `.parameters()`)
+    if name == "forward" and isinstance(node.func, cst.Attribute) and ctx.evidence.is_module(node.func.value):
+        return True  # `self.q_next.forward(states)`
     if name is not None and isinstance(node.func, cst.Attribute):
         if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
             return True
@@ -622,7 +627,7 @@ def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | 
         confidence = Confidence.LOW  # `x[~legal] = v`: bitwise not of a name, as an index, is a mask in practice
     if confidence is None:
         return None
-    if confidence is not Confidence.HIGH and not _inverted(layout.mask):
+    if confidence is not Confidence.HIGH and not _inverted(layout.mask) and not _episode_end_flags(layout.mask):
         return None  # `x[mask] = v` with a name-only mask: `mask` may hold integer indices (no sync, no fix)
     receiver_is_tensor = mask_site_evidence(ctx, target.value, layout.mask)
     if receiver_is_tensor is None:
@@ -631,6 +636,13 @@ def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | 
     if placement.built_on_host(target.value) or placement.built_on_host(layout.mask):
         return None  # a tensor or mask this code made on the CPU: the nonzero runs on the host, no GPU sync
     return MaskAssignment(target.value, layout, confidence, receiver_is_tensor)
+
+
+def _episode_end_flags(mask: cst.BaseExpression) -> bool:
+    """`q_next[dones] = 0.0`: episode-end flags as an index can only be a bool mask (0/1 integers would pick rows 0
+    and 1, floats raise)."""
+    name = mask.attr.value if isinstance(mask, cst.Attribute) else mask.value if isinstance(mask, cst.Name) else ""
+    return bool(_TERMINAL_NAME.match(name))
 
 
 def _inverted(mask: cst.BaseExpression) -> bool:

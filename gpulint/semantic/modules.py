@@ -52,7 +52,9 @@ _BUFFERS = {"torch.nn.Buffer", "torch.nn.parameter.Buffer"}  # `self.cos = nn.Bu
 _LIBRARY_MODELS = ("torchvision.models.", "timm.models.", "pretrainedmodels.", "segmentation_models_pytorch.")
 _LIBRARY_MODEL_FUNCTIONS = {"timm.create_model", "torch.hub.load"}
 _NOT_MODULE_PREFIXES = ("numpy.", "np.", "math.", "random.", "torch.nn.init.", "torch.nn.functional.",
-                        "torch.nn.utils.", "torch.distributions.")
+                        "torch.nn.utils.", "torch.distributions.",
+                        # optimizers, schedulers, scalers, data and devices a network class may build for itself
+                        "torch.optim.", "torch.utils.data.", "torch.cuda.", "torch.amp.", "torch.device")
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,8 @@ class ModuleResolver:
         if isinstance(call.func, cst.Name) and func in self.a.functions:
             return self._of_factory(self.a.functions[func][-1], call, owner, depth)
         last = func.rsplit(".", 1)[-1]
-        if last[:1].isupper() and not qual.startswith(_NOT_MODULE_PREFIXES):
+        if last[:1].isupper() and not qual.startswith(_NOT_MODULE_PREFIXES) and not func.startswith("self."):
+            # (`self.V(h)` runs a submodule named in capitals; it constructs nothing)
             found = self.imported(last) if self.imported is not None else None
             return found if found is not None else UNKNOWN  # an imported model class
         return None
@@ -375,6 +378,9 @@ class ModuleResolver:
                 if binding.kind is BindingKind.ASSIGN and isinstance(value, cst.Call) \
                         and self.of_construction(value, info.node) is None and _may_build_module(self.a, value):
                     facts = facts.merge(UNKNOWN)  # `self.backbone = torchvision.models.resnet18()`
+        forward = self._method(info.node, "forward")
+        # a loss module the network holds for its trainer (`self.loss = nn.MSELoss()`) is not part of its forward
+        forward_code = code_of(forward) if forward is not None else None
         for call in iter_calls(info.node, into_functions=True):
             qual = self.a.call_qualname(call) or ""
             last = qual.rsplit(".", 1)[-1]
@@ -387,10 +393,10 @@ class ModuleResolver:
             if method_name(call) in WRAPPER_METHODS:
                 continue
             inner = self.of_construction(call, info.node)
-            if inner is not None:
+            if inner is not None and not (inner.loss and forward_code is not None
+                                          and not _called_in(call, info, forward_code)):
                 facts = facts.merge(ModuleFacts(inner.known, inner.coupling, inner.blocker, inner.cross_row,
                                                 shaped=inner.shaped))
-        forward = self._method(info.node, "forward")
         if forward is not None:
             # its own forward decides what a call returns, not the base class's it overrides
             facts = replace(facts, outputs=returns_arity(forward))
@@ -469,7 +475,8 @@ _PLAIN_BUILTINS = {"int", "float", "bool", "str", "list", "dict", "tuple", "set"
 def _may_build_module(a: FileAnalysis, call: cst.Call) -> bool:
     """Could `self.x = call` store a network gpulint cannot see (an imported model or factory)?"""
     qual = a.call_qualname(call) or ""
-    if qual.startswith(("torch.", "numpy.", "np.", "math.", "collections.", "itertools.", "functools.")):
+    if qual.startswith(("torch.", "numpy.", "np.", "math.", "collections.", "itertools.", "functools.", "os.", "sys.",
+                        "time.", "datetime.", "json.", "logging.", "re.", "random.", "pathlib.", "argparse.")):
         return False
     if isinstance(call.func, cst.Name) and call.func.value in _PLAIN_BUILTINS:
         return False
@@ -870,6 +877,15 @@ def held_class_facts(ctx) -> Callable[[str, str], ModuleFacts | None]:  # noqa: 
 
 _BASE_DEPTH = 4  # base classes followed across the program's files
 _NEUTRAL_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic", "Protocol"})
+
+
+def _called_in(construction: cst.Call, info, code: str) -> bool:  # noqa: ANN001
+    """Is the attribute that `construction` is assigned to (`self.loss = nn.MSELoss()`) called in `code`? True when
+    it is bound to no attribute (built inline where it is used)."""
+    for attr, bindings in info.attrs.items():
+        if any(binding.value is construction for binding in bindings):
+            return re.search(rf"\bself\.{re.escape(attr)}\s*\(", code) is not None
+    return True
 
 
 def _program_class_facts(program, defining: dict[str, list[str]], path: str, name: str,  # noqa: ANN001
