@@ -9,7 +9,7 @@ from gpulint.pins import torch_pinned_below
 from gpulint.program import current_text, linked_texts, mentions, reach_texts, site_program_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
-from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, runs_on_cuda
+from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, precision_switched_off, runs_on_cuda
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # the script picks its device at run time: the autocast fix follows the script's device variable
@@ -284,6 +284,7 @@ class NoAutocast(Rule):
         self._region_ancestors: dict[int, list[cst.CSTNode]] = {}
         self._halves: list[tuple[cst.Call, cst.CSTNode | None]] = []
         self._work_note: str | None = None
+        self._opt_in_note: str | None = None  # the program's mixed precision is behind a switch that is off
         self._pinned_old = False
 
     def visit_For(self, node: cst.For) -> None:
@@ -319,9 +320,13 @@ class NoAutocast(Rule):
         joined = list(texts.values())
         if not runs_on_cuda(self.ctx, texts):
             return
-        if any(mentions(_CUSTOM_KERNELS, t) for t in joined) \
-                or any(in_code(p, t) for p in (LOW_PRECISION, FP64) for t in joined):
-            return  # low precision or fp64 in code (a comment mentioning bf16 runs nothing in bf16)
+        if any(mentions(_CUSTOM_KERNELS, t) for t in joined) or any(in_code(FP64, t) for t in joined):
+            return  # fp64 in code (a comment mentioning it runs nothing in fp64)
+        opt_in = None
+        if any(in_code(LOW_PRECISION, t) for t in joined):
+            opt_in = precision_switched_off(self.ctx, texts)
+            if opt_in is None:
+                return  # mixed precision is in effect
         if any(mentions(_RL, t) for t in joined):
             # reinforcement learning: mostly small networks; only the work estimated from the nearest code that
             # shows it -- this file, what it imports, the files its program certainly loads -- may show otherwise
@@ -341,6 +346,11 @@ class NoAutocast(Rule):
         elif network_size(texts) != "large" or small_work_per_step(texts):
             return
         self._work_note = work.explain() if work is not None else None
+        if opt_in is not None:
+            # the switch chooses the precision: autocast belongs behind it, not around every run (no fix)
+            self._opt_in_note = "; ".join(filter(None, [
+                f"mixed precision is opt-in ({opt_in}, off by default): the default run trains in fp32; make it "
+                "the default or wrap the step in `torch.autocast` when the switch is on", self._work_note]))
         if any(isinstance(n, cst.Call) and (dotted_name(n.func) or "").endswith("autocast")
                for n in walk(self.ctx.module, into_functions=True)):
             return  # added since the run read the file (an earlier fix pass)
@@ -373,6 +383,9 @@ class NoAutocast(Rule):
         if not backwards:
             return
         if any(_FRAMEWORK_BACKWARD.search(dotted_name(c.func) or "") for c in backwards):
+            return
+        if self._opt_in_note is not None:
+            self.report(_statement_of(backwards[0], parents, region) or backwards[0], note=self._opt_in_note)
             return
         if self._pinned_old:
             self.report(_statement_of(backwards[0], parents, region) or backwards[0],

@@ -299,6 +299,20 @@ def _loop_sources(iterable: ast.expr) -> list[tuple[str, ...]]:
     return [("value", name)] if name else []
 
 
+def _iterator_names(assigns: list[ast.Assign]) -> dict[str, list[tuple[str, ...]]]:
+    """Names bound to an iterating wrapper of a value (`epoch_iterator = tqdm(train_loader, desc=...)`) -> what
+    the wrapper iterates (`_loop_sources`)."""
+    found: dict[str, list[tuple[str, ...]]] = {}
+    for assign in assigns:
+        value = assign.value
+        if isinstance(value, ast.Call) and vocab.last_part(_dotted(value.func)) in _ITERATING_WRAPPERS:
+            sources = [source for source in _loop_sources(value) if source[0] == "value"]
+            for target in assign.targets:
+                if isinstance(target, ast.Name) and sources:
+                    found.setdefault(target.id, []).extend(sources)
+    return found
+
+
 def _unwrapped(iterable: ast.expr) -> ast.expr:
     """What `enumerate(tqdm(x))`-style wrappers iterate: `x`."""
     while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in _ITERATING_WRAPPERS \
@@ -470,6 +484,9 @@ class _Summariser:
         self._binding: dict[int, str] = {}  # id(call) -> the plain name its statement binds its result to
         self._guards: list[str] = []  # bare names tested by the `if`s around the statement being summarised
         self._number_names: frozenset[str] = frozenset()  # names the function being summarised binds to numbers
+        # names the function being summarised binds to an iterating wrapper (`bar = tqdm(loader)`): what they iterate
+        self._wrapping: dict[str, list[tuple[str, ...]]] = _iterator_names(
+            [s for s in _statements(tree.body) if isinstance(s, ast.Assign)])
         self.module_fn = FunctionSummary("<module>", None, "<module>")
         self._visit_block(tree.body, self.module_fn, [], False, ())
         self._mark_read_back(tree, self.module_fn)
@@ -515,7 +532,11 @@ class _Summariser:
             if inner[-1][0] is Frequency.PER_STEP:
                 self.file.step_loops.add(id(node))
             if isinstance(node, (ast.For, ast.AsyncFor)):
-                fn.loop_reads.extend((id(node), source) for source in _loop_sources(node.iter))
+                sources = _loop_sources(node.iter)
+                # `for i, batch in enumerate(bar)` with `bar = tqdm(train_loader)`: the loop iterates `train_loader`
+                sources += [wrapped for source in sources if source[0] == "value"
+                            for wrapped in self._wrapping.get(source[1], ())]
+                fn.loop_reads.extend((id(node), source) for source in sources)
                 if (called := _iterated_call(node.iter)) is not None:
                     fn.call_loops.append((id(node), _call_target(called[0]),
                                           tuple(tuple(_loop_sources(arg)) for arg in called[1])))
@@ -684,6 +705,7 @@ class _Summariser:
         data_params = set(params) - {"self", "cls"} | ({arguments.vararg.arg} if arguments.vararg else set())
         returns, assigns = _returns_and_assigns(node)
         enclosing_numbers, self._number_names = self._number_names, _number_names(assigns)
+        enclosing_wrapping, self._wrapping = self._wrapping, _iterator_names(assigns)
         if returns:
             summary.returns_host = _returns_host_tensors(returns, assigns)
             summary.builds = tuple(dict.fromkeys(c for r in returns if (c := _constructed_class(r))))
@@ -700,6 +722,7 @@ class _Summariser:
         self.file.functions.setdefault(key, summary)
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
         self._number_names = enclosing_numbers
+        self._wrapping = enclosing_wrapping
         if returns and summary.backward_names:
             summary.returns_losses = _returned_positions(returns, summary.backward_names)
         # from the calls the walk above collected (its own, nested definitions left out)

@@ -86,12 +86,22 @@ class _Carriers:
     fed_per_epoch: bool = False  # returned to, or passed into, code elsewhere that iterates it again and again
     # loops here that hand it, pass after pass, to a function iterating it (`for epoch ...: train(loader)`)
     handing_loops: list[cst.CSTNode] = field(default_factory=list)
+    # (id(scope node), name) -> positions of a list or tuple that hold it (`train(..., [train_loader, val_loader])`)
+    elements: dict[tuple[int, str], set[int]] = field(default_factory=dict)
     added: list[tuple] = field(default_factory=list)  # every key above, in the order it was found (a work list)
 
     def add_name(self, scope: int, name: str) -> bool:
         if (scope, name) in self.names:
             return False
         self.names.add((scope, name))
+        self.added.append(("n", scope, name))
+        return True
+
+    def add_element(self, scope: int, name: str, position: int) -> bool:
+        positions = self.elements.setdefault((scope, name), set())
+        if position in positions:
+            return False
+        positions.add(position)
         self.added.append(("n", scope, name))
         return True
 
@@ -202,6 +212,8 @@ class LoaderFlow(PerFileFacts):
 
     def _keys(self, node: cst.BaseExpression) -> list[tuple]:
         """The carrier keys `_is_carrier` would test for `node`."""
+        if isinstance(node, (cst.List, cst.Tuple)):  # a loader handed over inside a list (see `_into_call`)
+            return [key for element in node.elements for key in self._keys(element.value)]
         keys = []
         for inner in iterated_expressions(node, self.yielders):
             inner = _strip_subscript(inner)
@@ -382,6 +394,14 @@ class LoaderFlow(PerFileFacts):
                 carriers.fed_per_epoch |= kind == "epoch"
 
     def _into_call(self, call: cst.Call, arg: cst.Arg, carriers: _Carriers) -> bool:
+        if isinstance(arg.value, (cst.List, cst.Tuple)):
+            # `train(..., [train_loader, val_loader])`, unpacked there: `train_loader, val_loader = loaders`
+            changed = False
+            for position, element in enumerate(arg.value.elements):
+                if not isinstance(element, cst.StarredElement) and self._is_carrier(element.value, carriers):
+                    for fn, param in self._params_for(call, arg):
+                        changed |= carriers.add_element(id(fn), param, position)
+            return changed
         called = _called_name(call)
         if called is not None and not arg.star:
             slot = arg.keyword.value if arg.keyword is not None else [
@@ -401,6 +421,13 @@ class LoaderFlow(PerFileFacts):
     def _flow_through(self, assign: cst.CSTNode, carriers: _Carriers) -> None:
         """An assignment that reads a carrier binds its targets (or, from a call, the matching tuple element)."""
         value = assign.value
+        if isinstance(value, cst.Name) and isinstance(assign, cst.Assign):
+            positions = carriers.elements.get((self.scope_of_use(value.value, value), value.value), ())
+            for target in assign.targets:
+                if isinstance(target.target, (cst.Tuple, cst.List)):
+                    for position in positions:
+                        if position < len(target.target.elements):
+                            self._bind(target.target.elements[position].value, carriers, assign)
         if self._is_carrier(value, carriers):
             targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
             for target in targets:

@@ -542,6 +542,8 @@ class Placement:
         if qual == "torch.nn.Parameter" or qual == "torch.nn.parameter.Parameter":
             inner = self.of(node.args[0].value, depth + 1, before) if node.args else None
             return DEVICE if inner == DEVICE else TENSOR  # parameters move with their module
+        if last in ("clip_grad_norm_", "clip_grad_norm") and qual.startswith("torch.nn.utils."):
+            return self._gradient_norm(node, depth, before)
         if last in _TORCH_NON_TENSOR_FUNCS or parts[1] in ("cuda", "backends", "distributed", "utils", "nn") \
                 and not qual.startswith("torch.nn.functional."):
             return None
@@ -574,6 +576,17 @@ class Placement:
             kind = combine_operands(k for k in kinds if k != NONTENSOR)
             return kind if kind in (DEVICE, HOST) else TENSOR
         return None
+
+    def _gradient_norm(self, node: cst.Call, depth: int, before: int | None) -> str:
+        """`clip_grad_norm_(model.parameters(), c)` returns the total norm, a 0-d tensor where the gradients are."""
+        parameters = node.args[0].value if node.args and not node.args[0].star else None
+        if isinstance(parameters, cst.Call) and method_name(parameters) == "parameters" \
+                and isinstance(parameters.func, cst.Attribute):
+            moves = self.module_moves(parameters.func.value)
+            if len(moves) == 1:
+                return next(iter(moves))
+        kind = self.of(parameters, depth + 1, before) if parameters is not None else None
+        return kind if kind in (DEVICE, HOST) else TENSOR
 
     def _method(self, node: cst.Call, name: str, depth: int, before: int | None) -> str | None:
         assert isinstance(node.func, cst.Attribute)

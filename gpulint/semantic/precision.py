@@ -253,10 +253,11 @@ FP64 = re.compile(r"\bset_default_dtype\(|\bset_default_tensor_type\([^)\n]*Doub
                   r"(?![^\n]*\.float\(\))")
 
 
-# A command-line switch into mixed precision: `--fp16`, `--use_amp`, `--fp16-precision`, `--mixed_precision`
-# (not `--no_amp`, a switch out of it).
+# A command-line switch into mixed precision: `--fp16`, `--use_amp`, `--fp16-precision`, `--mixed_precision`,
+# `--deepspeed` (whose config sets the precision) (not `--no_amp`, a switch out of it).
 _PRECISION_SWITCH = re.compile(
-    r"-{1,2}(?!(?:no|disable)[_-])(?:\w+[_-])?(?:amp|fp16|bf16|half|mixed[_-]precision)(?:[_-]\w+)?")
+    r"-{1,2}(?!(?:no|disable)[_-])(?:\w+[_-])?(?:amp|fp16|bf16|half|mixed[_-]precision|deepspeed)(?:[_-]\w+)?")
+_BARE_SWITCH = re.compile(r"-{1,2}(?:use[_-])?(?:amp|fp16|bf16|half|mixed[_-]precision|deepspeed)")
 _LAUNCH_SUFFIXES = (".sh", ".md", ".rst", ".txt")
 _LAUNCH_DEPTH = 3  # folders above the entry script searched for launch scripts, stopping at the project root
 
@@ -281,7 +282,9 @@ def _switches_off_by_default(text: str) -> tuple[str, ...]:
         options = {k.arg: k.value for k in call.keywords}
         action, default = options.get("action"), options.get("default")
         off = (isinstance(action, ast.Constant) and action.value == "store_true" and default is None) or (
-            isinstance(default, ast.Constant) and default.value in (False, 0, "False", "false") and action is None)
+            isinstance(default, ast.Constant) and default.value in (False, 0, "False", "false") and action is None) or (
+            # `--deepspeed` with neither: None unless passed (not `--amp_level`, a setting with a value)
+            action is None and default is None and switch is not None and _BARE_SWITCH.fullmatch(switch))
         if switch is not None and off:
             found.append(switch)
     return tuple(found)
