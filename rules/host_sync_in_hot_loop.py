@@ -846,8 +846,16 @@ class HostSyncInHotLoop(Rule):
                                                                       or self._downloaded(node) is not None):
                 continue  # an evaluation result copied out to be saved or scored: the copy is the output
             if (placement.may_be_on_device(value) or what == "`.item()`" and _names_a_loss(value)
-                    and placement.of(value) is None) and not collective_read_back(self.ctx, value):
+                    and placement.of(value) is None or what == "`.cpu()`" and self._unplaced_read(value, placement)) \
+                    and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
+
+    def _unplaced_read(self, value: cst.BaseExpression, placement: Placement) -> bool:
+        """`x.cpu()` of a value whose placement is unknown (a parameter, an attribute) in a program that trains on
+        CUDA: only tensors (and modules) have `.cpu()`, and nobody copies a CPU tensor to the CPU."""
+        return placement.of(value) is None and self.ctx.evidence.is_module(value) is None \
+            and (self.ctx.analysis.cuda_evidence or self.ctx.program.cuda_evidence) \
+            and not _computed_from_host(value, placement) and not _set_to_a_mode(value, placement)
 
     def _read_by_helper(self, call: cst.Call) -> list[tuple[cst.CSTNode, cst.BaseExpression, str]]:
         """Arguments a program helper reads back to the host unconditionally (`def log(self, key, value, step):
@@ -904,6 +912,54 @@ class HostSyncInHotLoop(Rule):
         for value in values:
             if placement.may_be_on_device(value):
                 self._emit(value, "`%`-formatting a tensor", severity)
+
+
+def _computed_from_host(value: cst.BaseExpression, placement: Placement, depth: int = 0,
+                        before: int | None = None) -> bool:
+    """`out = model.initial_inference(obs)` with `obs = torch.tensor(obs)` made here on the CPU: what the call
+    computes from it is on the CPU too (a GPU network would have raised). Followed through a few bindings."""
+    while isinstance(value, (cst.Attribute, cst.Subscript)) or isinstance(value, cst.Call) and isinstance(
+            value.func, cst.Attribute) and not value.args:
+        value = value.func.value if isinstance(value, cst.Call) else value.value  # `d.sample().cpu()`: `d`
+    if depth > 6:
+        return False
+    if placement.built_on_host(value, before=before) or _constructed_on_host(placement, value):
+        return True
+    if isinstance(value, cst.Call):
+        arguments = [a.value for a in value.args if not a.star and isinstance(a.value, cst.Name)]
+        return any(_computed_from_host(a, placement, depth + 1, before) for a in arguments)
+    if not isinstance(value, cst.Name):
+        return False
+    bindings = placement.reaching(value.value, before)
+    if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
+        return False
+    return _computed_from_host(bindings[0].value, placement, depth + 1, bindings[0].order)
+
+
+def _set_to_a_mode(value: cst.BaseExpression, placement: Placement) -> bool:
+    """`snapshot = copy.deepcopy(ema).eval()`: only modules have `.eval()` / `.train()` (its `.cpu()` is a move)."""
+    if isinstance(value, cst.Name):
+        bindings = placement.reaching(value.value)
+        value = bindings[0].value if len(bindings) == 1 and bindings[0].kind is BindingKind.ASSIGN else None
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        if method_name(value) in ("eval", "train"):
+            return True
+        value = value.func.value
+    return False
+
+
+_HOST_CONSTRUCTORS = frozenset({"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor",
+                                "torch.FloatTensor", "torch.LongTensor"})
+
+
+def _constructed_on_host(placement: Placement, value: cst.BaseExpression) -> bool:
+    """`torch.tensor(obs, dtype=torch.float32).unsqueeze(0)`: a tensor constructor without `device=` (whatever its
+    data, which here is host data in practice), through methods that keep the device."""
+    while isinstance(value, cst.Call) and placement.ctx.qualname(value.func) not in _HOST_CONSTRUCTORS \
+            and isinstance(value.func, cst.Attribute) and method_name(value) not in ("to", "cuda", "type"):
+        value = value.func.value
+    return isinstance(value, cst.Call) and placement.ctx.qualname(value.func) in _HOST_CONSTRUCTORS \
+        and call_arg(value, "device") is None
 
 
 def _explicit_read(node: cst.CSTNode) -> bool:
