@@ -1459,6 +1459,12 @@ class Evidence:
                     and isinstance(node.func, cst.Attribute):
                 return method_name(node) == "cpu" or self.is_cpu_source(node.func.value, depth + 1, before)
             return False
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) \
+                and self._items_converted_on_host(node.value.value):
+            return True
+        if isinstance(node, cst.BinaryOperation) and (is_numeric_literal(node.left) or is_numeric_literal(node.right)):
+            # `mask = 1 - batch["padded"].float()`: arithmetic with a number stays where the tensor is
+            return self.is_cpu_source(node.right if is_numeric_literal(node.left) else node.left, depth + 1, before)
         if isinstance(node, (cst.Subscript, cst.Attribute)) and not (
                 isinstance(node, cst.Attribute) and dotted_name(node) and dotted_name(node).startswith("self.")):
             return self.is_cpu_source(node.value, depth + 1, before)
@@ -1527,6 +1533,20 @@ class Evidence:
                         return loop.iter
                     loop = loop.inner_for_in
         return None
+
+    def _items_converted_on_host(self, name: str) -> bool:
+        """`for key in batch: batch[key] = torch.tensor(batch[key], dtype=...)` in the current function: every item
+        stored into `name[...]` there is one of its own items made a tensor on the host (no `device=`)."""
+        function = next((n for n in reversed(self.ancestors) if isinstance(n, cst.FunctionDef)), None)
+        if function is None:
+            return False
+        stored = [n.value for n in walk(function.body) if isinstance(n, cst.Assign) for t in n.targets
+                  if isinstance(t.target, cst.Subscript) and isinstance(t.target.value, cst.Name)
+                  and t.target.value.value == name]
+        return bool(stored) and all(
+            isinstance(value, cst.Call) and self.a.call_qualname(value) in ("torch.tensor", "torch.as_tensor")
+            and call_arg(value, "device") is None and value.args and isinstance(value.args[0].value, cst.Subscript)
+            and dotted_name(value.args[0].value.value) == name for value in stored)
 
     def _host_data(self, node: cst.BaseExpression, depth: int) -> bool:
         """Data a tensor is built from that is known to live on the host: Python lists, NumPy arrays, batch

@@ -385,8 +385,9 @@ class ModuleToDeviceInLoop(Rule):
         return any(isinstance(n, (cst.For, cst.While)) and n is not loop and id(n) in hot for n in walk(loop))
 
     def _built_in_loop(self, receiver: cst.BaseExpression, loop: cst.CSTNode) -> bool:
-        """Is the receiver (re)bound inside the loop (or function), other than by `m = m.to(...)`?"""
-        name = receiver.value if isinstance(receiver, cst.Name) else None
+        """Is the receiver (re)bound inside the loop (or function), other than by `m = m.to(...)`? (`self.net =
+        Net()` then `self.net.cuda()` in an `__init__`: each call builds the module it moves.)"""
+        name = dotted_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
         if name is None:
             return False
         for node in walk(loop):
@@ -394,12 +395,13 @@ class ModuleToDeviceInLoop(Rule):
                     isinstance(n, cst.Name) and n.value == name for n in walk(node.target)):
                 return True
             if isinstance(node, cst.Assign) and any(
-                    isinstance(n, cst.Name) and n.value == name for t in node.targets for n in walk(t.target)):
+                    dotted_name(n) == name for t in node.targets for n in walk(t.target)
+                    if isinstance(n, (cst.Name, cst.Attribute))):
                 value = node.value
                 while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
                         and method_name(value) in ("to", "cuda", "cpu", "train", "eval", "float", "half"):
                     value = value.func.value
-                if not (isinstance(value, cst.Name) and value.value == name):
+                if dotted_name(value) != name:
                     return True
         return any(b.kind is BindingKind.FOR for b in self.ctx.analysis.bindings_of(name, self.ctx.ancestors)
                    if b.value is not None and any(b.value is n for n in walk(loop)))
