@@ -9,6 +9,8 @@ import libcst as cst
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, has_star_args, method_name, string_value
 from gpulint.pins import torch_pinned_below
+from gpulint.program import related_texts
+from gpulint.semantic.precision import option_off_by_default
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
@@ -296,7 +298,8 @@ class ManualAttention(Rule):
         if where is None:
             return
         stmt_index_in_ancestors, block, final_index = where
-        if self._next_to_fused_attention():
+        switched_off = self._under_switch_off_by_default()
+        if not switched_off and self._next_to_fused_attention():
             return
         tracer = _Tracer(self, block, final_index)
         trace = tracer.probs(probs, final_index, _Trace())
@@ -319,6 +322,9 @@ class ManualAttention(Rule):
             return  # the caller gets the weights: SDPA cannot give them
         tracer.check_uses(trace, final, anchor, probs, self.ctx.ancestors[:stmt_index_in_ancestors + 1])
         problems = list(trace.problems)
+        if switched_off:
+            problems.append("the fused kernel is behind a switch that is off by default, so this path is the one "
+                            "that runs: turn the switch on by default")
         if torch_pinned_below(self.ctx.path, (2, 0)):  # SDPA arrived in torch 2.0
             problems.append("the project pins torch below 2.0, which has no `scaled_dot_product_attention`: "
                             "upgrade torch first")
@@ -372,6 +378,7 @@ class ManualAttention(Rule):
         return _weights_escape(between, names, params, returns)
 
     def _next_to_fused_attention(self) -> bool:
+        """In a function or class that also calls a fused kernel: the manual form is its fallback."""
         for node in reversed(self.ctx.ancestors):
             if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
                 key = id(node)
@@ -382,6 +389,37 @@ class ManualAttention(Rule):
                 if self._fused_cache[key]:
                     return True
         return False
+
+    def _under_switch_off_by_default(self) -> bool:
+        """`if self.flash: <fused> else: <here>` (or `if not FLASH: <here>`) with the switch off by default."""
+        ancestors = self.ctx.ancestors
+        for index in range(len(ancestors) - 1, 0, -1):
+            branch, node = ancestors[index], ancestors[index - 1]
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if not isinstance(node, cst.If):
+                continue
+            test, negated = node.test, False
+            if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                test, negated = test.expression, True
+            name = dotted_name(test)
+            if name is None or not _FUSED_ATTENTION_NAME.search(name.rsplit(".", 1)[-1]):
+                continue
+            if (branch is node.orelse) != negated:  # the branch that runs while the switch is off
+                return not self._switch_computed(name) and option_off_by_default(
+                    self.ctx, related_texts(self.ctx), name.rsplit(".", 1)[-1])
+        return False
+
+    def _switch_computed(self, name: str) -> bool:
+        """`self.flash = hasattr(F, "scaled_dot_product_attention")`: the class decides the switch itself (on
+        wherever the kernel exists), rather than copying a setting (`self.flash = config.flash`)."""
+        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
+        if not name.startswith("self.") or info is None:
+            return False
+        attr = name[len("self."):]
+        return any(b.value is not None and not (isinstance(b.value, (cst.Name, cst.Attribute, cst.Integer))
+                                                or dotted_name(b.value) in ("False", "True"))
+                   for b in info.attrs.get(attr, []))
 
     # -- the replacement ---------------------------------------------------------------------------------
 

@@ -66,13 +66,23 @@ def mirror_of(mirrors: Path, repo: str, clone: bool) -> Path:
     return target
 
 
+LAUNCH_SUFFIXES = (".sh", ".md", ".rst", ".txt")
+
+
 def materialise(mirror: Path, commit: str, into: Path) -> None:
     """Every Python, config and requirement file of the tree at `commit` (imports between files matter to the
-    analysis, pinned torch versions to some rules; mirrors may lack large binary files, which gpulint never reads)."""
-    listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "--name-only", commit], check=True,
+    analysis, pinned torch versions to some rules; mirrors may lack large binary files, which gpulint never reads),
+    and the launch scripts and documents up to 256 KB (the command lines that turn switches on: `--amp`, `--flash`)."""
+    listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "-l", commit], check=True,
                              capture_output=True, text=True).stdout.splitlines()
-    sources = [path for path in listing if path.endswith((".py", ".toml", ".cfg"))
-               or PurePosixPath(path).name.startswith("requirements") and path.endswith(".txt")]  # torch pins
+    sizes = {}
+    for line in listing:
+        meta, path = line.split("\t", 1)
+        size = meta.split()[-1]
+        sizes[path] = int(size) if size.isdigit() else 0
+    sources = [path for path, size in sizes.items() if path.endswith((".py", ".toml", ".cfg"))
+               or PurePosixPath(path).name.startswith("requirements") and path.endswith(".txt")  # torch pins
+               or path.endswith(LAUNCH_SUFFIXES) and size <= 256 * 1024]
     archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, "--", *sources],
                              check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:

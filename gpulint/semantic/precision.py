@@ -262,10 +262,11 @@ _LAUNCH_SUFFIXES = (".sh", ".md", ".rst", ".txt")
 _LAUNCH_DEPTH = 3  # folders above the entry script searched for launch scripts, stopping at the project root
 
 
-@lru_cache(maxsize=256)
-def _switches_off_by_default(text: str) -> tuple[str, ...]:
-    """The precision switches an argument parser in `text` declares off unless passed (`action="store_true"`,
-    `default=False`)."""
+@lru_cache(maxsize=512)
+def _switches_off_by_default(text: str, switch: re.Pattern = _PRECISION_SWITCH, bare: re.Pattern = _BARE_SWITCH
+                             ) -> tuple[str, ...]:
+    """The switches matching `switch` that an argument parser in `text` declares off unless passed
+    (`action="store_true"`, `default=False`; with neither, a `bare` switch, which is None unless passed)."""
     if "add_argument" not in text:
         return ()
     try:
@@ -278,15 +279,15 @@ def _switches_off_by_default(text: str) -> tuple[str, ...]:
                 and call.func.attr == "add_argument"):
             continue
         flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        switch = next((flag for flag in flags if _PRECISION_SWITCH.fullmatch(flag)), None)
+        declared = next((flag for flag in flags if switch.fullmatch(flag)), None)
         options = {k.arg: k.value for k in call.keywords}
         action, default = options.get("action"), options.get("default")
         off = (isinstance(action, ast.Constant) and action.value == "store_true" and default is None) or (
             isinstance(default, ast.Constant) and default.value in (False, 0, "False", "false") and action is None) or (
             # `--deepspeed` with neither: None unless passed (not `--amp_level`, a setting with a value)
-            action is None and default is None and switch is not None and _BARE_SWITCH.fullmatch(switch))
-        if switch is not None and off:
-            found.append(switch)
+            action is None and default is None and declared is not None and bare.fullmatch(declared))
+        if declared is not None and off:
+            found.append(declared)
     return tuple(found)
 
 
@@ -346,11 +347,30 @@ def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
     names = {switch.lstrip("-").replace("-", "_") for switch in switches}
     if any(_ungated_autocast(text, frozenset(names)) for text in texts.values()):
         return None  # an autocast the switch does not control: mixed precision whatever the switch says
+    return None if _passed_at_launch(ctx, switches) else switches[0]
+
+
+def _passed_at_launch(ctx, switches: list[str]) -> bool:
+    """Does a launch script or document of the project pass one of `switches` (not as `--x 0` / `--x=False`)?"""
     folders = [str(Path(path).resolve().parent) for path in program_index(ctx).paths] or [ctx.path]
     launches = _launch_texts(str(Path(ctx.path).resolve().parent), os.path.commonpath(folders))
-    passed = [switch for switch in switches
-              if re.search(re.escape(switch) + r"(?![\w-])(?!\s*[= ]\s*(?:False|false|0)\b)", launches)]
-    return None if passed else switches[0]
+    return any(re.search(re.escape(switch) + r"(?![\w-])(?!\s*[= ]\s*(?:False|false|0)\b)", launches)
+               for switch in switches)
+
+
+def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
+    """Is the option `name` (`flash` of `if self.flash:`) off unless a user turns it on? Declared off as a command-line
+    switch (`--flash`, default 0) that no launch script passes, or as a setting (`flash: bool = False`, `FLASH = 0`)
+    that nothing in the program sets to True."""
+    switch = re.compile(rf"-{{1,2}}{re.escape(name)}", re.I)
+    switches = [found for text in texts.values() for found in _switches_off_by_default(text, switch, switch)]
+    if switches:
+        return not _passed_at_launch(ctx, switches)
+    declared_off = re.compile(rf"^[ \t]*(?:self\.)?{re.escape(name)}[ \t]*(?::[ \t]*bool[ \t]*)?=[ \t]*(?:False|0)\b",
+                              re.M | re.I)
+    turned_on = re.compile(rf"\b{re.escape(name)}[ \t]*=[ \t]*(?:True|1)\b", re.I)
+    return any(declared_off.search(text) for text in texts.values()) \
+        and not any(turned_on.search(text) for text in texts.values())
 
 
 @lru_cache(maxsize=1 << 16)
