@@ -52,6 +52,9 @@ def _collector(device_parameter: str, marker: str = "") -> str:
                         obs, reward, done, _ = self.env.step(action.cpu().numpy())
             """
 
+_CPU_BUFFER_FACTORIES = frozenset({"torch.zeros", "torch.empty", "torch.ones", "torch.full"})
+
+
 class HostDataToDevicePerStep(Rule):
     """
     ## What it does
@@ -390,6 +393,12 @@ class HostDataToDevicePerStep(Rule):
         source: cst.Call | None = None
         if name in ("to", "cuda") and isinstance(node.func, cst.Attribute):
             source = self._host_constructor(node.func.value)
+            if source is None and self._moves_to_device(node, name) and self._host_buffer(node.func.value):
+                if self.ctx.in_hot_region() and not amortised(self.ctx) and not is_test_path(self.ctx.path):
+                    self.report(node, "A CPU tensor buffer (a replay or rollout store) is indexed and copied to the "
+                                      "GPU every step: a blocking pageable copy per call; allocate the buffer on the "
+                                      "GPU (`device=`), or pin it and copy with `non_blocking=True`")
+                return
             if source is None or not self._moves_to_device(node, name):
                 return
         else:
@@ -445,6 +454,19 @@ class HostDataToDevicePerStep(Rule):
         self.report(node, "Host data turned into a GPU tensor every step: a blocking pageable copy per call; use a "
                           "pinned staging buffer with `non_blocking=True`, or produce the data on the GPU",
                     replacements=replacements, imports=imports, note=note)
+
+    def _host_buffer(self, value: cst.BaseExpression) -> bool:
+        """`self.state[ind]` where the class makes `self.state` only with torch factories on the CPU
+        (`torch.zeros((max_size, 4, 84, 84), dtype=torch.uint8)`, no `device=`, never pinned or moved)."""
+        if not isinstance(value, cst.Subscript) or not isinstance(value.value, cst.Attribute) \
+                or dotted_name(value.value.value) != "self":
+            return False
+        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
+        bindings = info.attrs.get(value.value.attr.value, []) if info is not None else []
+        return bool(bindings) and all(
+            b.kind is BindingKind.ASSIGN and isinstance(b.value, cst.Call)
+            and (self.ctx.qualname(b.value.func) or "") in _CPU_BUFFER_FACTORIES and call_arg(b.value, "device") is None
+            for b in bindings)
 
     def _uploading_helper(self, node: cst.Call) -> bool:
         """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host
