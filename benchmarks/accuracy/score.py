@@ -75,14 +75,20 @@ def materialise(mirror: Path, commit: str, into: Path) -> None:
     and the launch scripts and documents up to 256 KB (the command lines that turn switches on: `--amp`, `--flash`)."""
     listing = subprocess.run(["git", "-C", str(mirror), "ls-tree", "-r", "-l", commit], check=True,
                              capture_output=True, text=True).stdout.splitlines()
-    sizes = {}
+    entries = {}  # path -> (blob, size)
     for line in listing:
         meta, path = line.split("\t", 1)
-        size = meta.split()[-1]
-        sizes[path] = int(size) if size.isdigit() else 0
-    sources = [path for path, size in sizes.items() if path.endswith((".py", ".toml", ".cfg"))
-               or PurePosixPath(path).name.startswith("requirements") and path.endswith(".txt")  # torch pins
-               or path.endswith(LAUNCH_SUFFIXES) and size <= 256 * 1024]
+        _, kind, blob, size = meta.split()
+        if kind == "blob":
+            entries[path] = (blob, int(size) if size.isdigit() else 0)
+    sources = [path for path in entries if path.endswith((".py", ".toml", ".cfg"))
+               or PurePosixPath(path).name.startswith("requirements") and path.endswith(".txt")]  # torch pins
+    launches = [path for path, (_, size) in entries.items()
+                if path.endswith(LAUNCH_SUFFIXES) and size <= 256 * 1024 and path not in sources]
+    if launches:  # a mirror may lack some blobs (large files): only those it holds
+        check = subprocess.run(["git", "-C", str(mirror), "cat-file", "--batch-check"], check=True, text=True,
+                               capture_output=True, input="".join(entries[path][0] + "\n" for path in launches))
+        sources += [path for path, answer in zip(launches, check.stdout.splitlines()) if not answer.endswith("missing")]
     archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, "--", *sources],
                              check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
