@@ -120,7 +120,7 @@ class HostDataToDevicePerStep(Rule):
     safety = Safety.UNSAFE
     priority = "P2"
     # no text trigger: a file that only calls an uploading helper (`to_device(batch)`) names none of these
-    constructors = ("from_numpy", "tensor(", "Tensor(")
+    constructors = ("from_numpy", "tensor(", "Tensor(", "zeros(", "empty(")  # (`torch.zeros`: a CPU buffer)
     examples = [
         Valid(  # outside the training step: a one-off copy
             """
