@@ -306,14 +306,34 @@ def _launch_texts(directory: str, top: str) -> str:
             for file in files[:200]:
                 if file.suffix.lower() in _LAUNCH_SUFFIXES and file.is_file():
                     try:
-                        parts.append(file.read_text(encoding="utf-8", errors="replace")[:200_000])
+                        text = file.read_text(encoding="utf-8", errors="replace")[:200_000]
                     except OSError:
-                        pass
+                        continue
+                    parts.append(text if file.suffix.lower() == ".sh" else _commands(text))
         if any((current / marker).exists() for marker in (".git", "pyproject.toml", "setup.py")) \
                 or str(current) == top or current.parent == current:
             break
         current = current.parent
     return "\n".join(parts)
+
+
+# In a document, the command lines: fenced or indented code, or a line that starts a command. Prose that mentions an
+# option ("You can add `--use_amp true` to train in AMP") describes a choice, not the documented run.
+_FENCE = re.compile(r"^[ \t]*(```|~~~)")
+_COMMAND_LINE = re.compile(r"^(?:[ \t]{4,}|[ \t]*(?:\$ |>>> |python|torchrun|deepspeed|accelerate |bash |sh |srun |"
+                           r"CUDA_VISIBLE_DEVICES|OMP_NUM_THREADS|--))")
+
+
+def _commands(document: str) -> str:
+    """The command lines of a README or a text document (see `_COMMAND_LINE`)."""
+    lines, fenced = [], False
+    for line in document.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced or _COMMAND_LINE.match(line):
+            lines.append(line)
+    return "\n".join(lines)
 
 
 _AUTOCAST_CALL = re.compile(r"\bautocast\(")
