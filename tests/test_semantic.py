@@ -510,3 +510,16 @@ def test_a_method_writing_every_argument_into_numpy_arrays_marks_its_callers() -
              "def remember(net, obs):\n    memory = Memory()\n    for _ in range(8):\n        memory.store(net(obs))\n")
     markers = CallGraph({"buffer.py": buffer, "agent.py": agent}).by_file().get("agent.py", {})
     assert sorted(m for m in markers if "#stores-to-host:" in m) == ["record#stores-to-host:store"]
+
+
+@pytest.mark.parametrize("parser, off", [
+    ("p.add_argument('--amp', action='store_true')\n", ("--amp",)),
+    ("p.add_argument('--enable-amp', action='store_true')\np.set_defaults(enable_amp=True)\n", ()),
+    ("p.add_argument('--fp16', type=int, default=0)\n", ("--fp16",)),
+    ("p.add_argument('--deepspeed', type=lambda _: False)\n", ("--deepspeed",)),
+    ("p.add_argument('--amp_level', type=str)\n", ()),
+])
+def test_precision_switches_off_by_default(parser: str, off: tuple[str, ...]) -> None:
+    """A `store_true` switch that `set_defaults` turns on is on by default; a bare switch with no default is off."""
+    from gpulint.semantic.precision import _switches_off_by_default
+    assert _switches_off_by_default("import argparse\np = argparse.ArgumentParser()\n" + parser) == off

@@ -274,12 +274,17 @@ def _switches_off_by_default(text: str, switch: re.Pattern = _PRECISION_SWITCH, 
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     found = []
-    for call in pyast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                and call.func.attr == "add_argument"):
+    calls = [c for c in pyast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)]
+    # `parser.set_defaults(enable_amp=True)` turns a `store_true` switch on by default
+    on_by_default = {k.arg for c in calls if c.func.attr == "set_defaults" for k in c.keywords
+                     if isinstance(k.value, ast.Constant) and k.value.value not in (False, 0, None, "False", "false")}
+    for call in calls:
+        if call.func.attr != "add_argument":
             continue
         flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         declared = next((flag for flag in flags if switch.fullmatch(flag)), None)
+        if declared is not None and declared.lstrip("-").replace("-", "_") in on_by_default:
+            continue
         options = {k.arg: k.value for k in call.keywords}
         action, default = options.get("action"), options.get("default")
         off = (isinstance(action, ast.Constant) and action.value == "store_true" and default is None) or (
