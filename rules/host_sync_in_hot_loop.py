@@ -855,7 +855,16 @@ class HostSyncInHotLoop(Rule):
         CUDA: only tensors (and modules) have `.cpu()`, and nobody copies a CPU tensor to the CPU."""
         return placement.of(value) is None and self.ctx.evidence.is_module(value) is None \
             and (self.ctx.analysis.cuda_evidence or self.ctx.program.cuda_evidence) \
-            and not _computed_from_host(value, placement) and not _set_to_a_mode(value, placement)
+            and not _computed_from_host(value, placement) and not _set_to_a_mode(value, placement) \
+            and not self._offloaded(value)
+
+    def _offloaded(self, value: cst.BaseExpression) -> bool:
+        """`weight.data = weight.data.cpu()`: the tensor is moved to the host on purpose (offloading), not read."""
+        statement = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.SimpleStatementLine)), None)
+        text = dotted_name(value)
+        return text is not None and statement is not None and any(
+            isinstance(small, cst.Assign) and any(dotted_name(t.target) == text for t in small.targets)
+            for small in statement.body)
 
     def _read_by_helper(self, call: cst.Call) -> list[tuple[cst.CSTNode, cst.BaseExpression, str]]:
         """Arguments a program helper reads back to the host unconditionally (`def log(self, key, value, step):
