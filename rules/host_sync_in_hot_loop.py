@@ -856,7 +856,7 @@ class HostSyncInHotLoop(Rule):
         return placement.of(value) is None and self.ctx.evidence.is_module(value) is None \
             and (self.ctx.analysis.cuda_evidence or self.ctx.program.cuda_evidence) \
             and not _computed_from_host(value, placement) and not _set_to_a_mode(value, placement) \
-            and not self._offloaded(value)
+            and not self._offloaded(value) and not _after_a_sync(value)
 
     def _offloaded(self, value: cst.BaseExpression) -> bool:
         """`weight.data = weight.data.cpu()`: the tensor is moved to the host on purpose (offloading), not read."""
@@ -943,6 +943,16 @@ def _computed_from_host(value: cst.BaseExpression, placement: Placement, depth: 
     if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
         return False
     return _computed_from_host(bindings[0].value, placement, depth + 1, bindings[0].order)
+
+
+def _after_a_sync(value: cst.BaseExpression) -> bool:
+    """`mask.nonzero().squeeze().cpu()`: the op producing the value already waited for the GPU (its output size
+    depends on the data), so copying its small result adds no wait."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        if method_name(value) in ("nonzero", "unique", "masked_select", "unique_consecutive"):
+            return True
+        value = value.func.value
+    return False
 
 
 def _set_to_a_mode(value: cst.BaseExpression, placement: Placement) -> bool:

@@ -385,6 +385,8 @@ class NoAutocast(Rule):
         if any(_FRAMEWORK_BACKWARD.search(dotted_name(c.func) or "") for c in backwards):
             return
         if self._opt_in_note is not None:
+            if any(_scaled(call) for call in backwards):
+                return  # `scaler.scale(loss).backward()`: the switched-on (mixed-precision) path, not the fp32 one
             self.report(_statement_of(backwards[0], parents, region) or backwards[0], note=self._opt_in_note)
             return
         if self._pinned_old:
@@ -675,6 +677,12 @@ def _is_data_prep(statement: cst.CSTNode) -> bool:
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
         return False
     return all(_call_name(call) in _DATA_PREP_CALLS for call in _calls(statement))
+
+
+def _scaled(backward: cst.Call) -> bool:
+    """`scaler.scale(loss).backward()`: a backward through a gradient scaler."""
+    receiver = backward.func.value if isinstance(backward.func, cst.Attribute) else None
+    return isinstance(receiver, cst.Call) and method_name(receiver) == "scale"
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
