@@ -6,7 +6,7 @@ from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.semantic.placement import READ_BACK_METHODS, TENSOR, Placement, amortised
+from gpulint.semantic.placement import READ_BACK_METHODS, TENSOR, Placement, amortised, at_episode_end
 
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
@@ -366,7 +366,7 @@ class H2dCopyBlocking(Rule):
         if name == "type" and not self._cuda_tensor_type(node):
             return
         if not self.ctx.in_hot_region() or is_test_path(self.ctx.path) or self.ctx.in_no_grad_function() \
-                or amortised(self.ctx):
+                or amortised(self.ctx) or at_episode_end(self.ctx):
             return  # an inference-only forward (`@torch.no_grad()`), or a validation pass every N steps
         assert isinstance(node.func, cst.Attribute)
         evidence = self.ctx.evidence

@@ -19,6 +19,7 @@ from gpulint.semantic.placement import (
     TENSOR,
     Placement,
     amortised,
+    at_episode_end,
     collective_only,
     last_name,
 )
@@ -414,8 +415,10 @@ class HostDataToDevicePerStep(Rule):
                 if device is None or not self._device_target(device.value):
                     return
                 source = node
-        if not self.ctx.in_hot_region() or amortised(self.ctx) or is_test_path(self.ctx.path):
-            return  # `if step % N == 0:` blocks (eval, sampling, logging) run once every N steps; tests
+        if not self.ctx.in_hot_region() or amortised(self.ctx) or at_episode_end(self.ctx) \
+                or is_test_path(self.ctx.path):
+            return  # `if step % N == 0:` blocks (eval, sampling, logging) run once every N steps, an `if done:`
+            # reset once per episode; tests
         if self._agreement_across_ranks(node):
             return
         data = source.args[0].value if source.args and source.args[0].keyword is None else None

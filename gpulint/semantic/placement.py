@@ -77,7 +77,9 @@ _LIKE_FACTORIES = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_l
 # Integer index arrays made on the host (what `x[idx]` copies to the device when `x` lives there)
 _INDEX_FACTORIES = {"randperm", "arange", "randint", "LongTensor", "IntTensor"}
 _NUMPY_INDEX_ARRAYS = {"arange", "permutation", "argsort", "flatnonzero"}
-_NUMPY_SIZED_DRAWS = {"choice", "randint", "integers"}  # arrays only when a size is given
+# arrays only when a size is given: keyword or the positional argument at this position (`randint(low, high, size)`,
+# `choice(a, size)`, `Generator.integers(low, high, size)`)
+_NUMPY_SIZED_DRAWS = {"choice": 1, "randint": 2, "integers": 2}
 _GENERATOR_DRAWS = {"permutation", "choice", "integers"}  # `numpy.random.Generator` methods
 _RNG_NAME = re.compile(r"rng|random|generator|np_random", re.I)
 _BUILTIN_NON_TENSOR = {"len", "range", "int", "float", "bool", "str", "list", "tuple", "dict", "set", "sorted",
@@ -276,8 +278,7 @@ class Placement:
                 return ("a CPU tensor", node) if inner else None
             return None
         if qual.startswith(("numpy.", "np.")):
-            if last in _NUMPY_INDEX_ARRAYS or last in _NUMPY_SIZED_DRAWS and (
-                    call_arg(node, "size") is not None or len([a for a in node.args if a.keyword is None]) >= 2):
+            if last in _NUMPY_INDEX_ARRAYS or last in _NUMPY_SIZED_DRAWS and _sized(node, _NUMPY_SIZED_DRAWS[last]):
                 return "a NumPy array", node
             return None
         method = method_name(node)
@@ -285,8 +286,7 @@ class Placement:
         if method in ("long", "int") and receiver is not None:
             return self.host_index(receiver, depth + 1, before)
         if method in _GENERATOR_DRAWS and receiver is not None and _RNG_NAME.search(dotted_name(receiver) or "") \
-                and (method != "choice" and method != "integers" or call_arg(node, "size") is not None
-                     or len([a for a in node.args if a.keyword is None]) >= 2):
+                and (method not in _NUMPY_SIZED_DRAWS or _sized(node, _NUMPY_SIZED_DRAWS[method])):
             return "a NumPy array", node
         return None
 
@@ -912,6 +912,11 @@ _CALL_CACHE: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
 _SUBSCRIPT_STORES: dict[int, tuple[cst.CSTNode, dict[str, list[cst.BaseExpression]]]] = {}
 
 
+def _sized(draw: cst.Call, position: int) -> bool:
+    """Does the random draw get a `size` (by keyword or at `position`)? Without one it returns a scalar."""
+    return call_arg(draw, "size") is not None or len([a for a in draw.args if a.keyword is None]) > position
+
+
 def subscript_stores(scope: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
     """Source text of an element target -> the values the scope stores there (`images[0] = images[0].cuda()`),
     nested definitions left out."""
@@ -994,6 +999,31 @@ def amortised(ctx: RuleContext) -> bool:
 
 
 _MEMOISING = {"lru_cache", "cache", "cached_property", "memoize", "memoized"}
+_EPISODE_END = re.compile(r"^(?:is_)?(?:done|dones|terminal|terminals|terminated|truncated|game_over|episode_over)$")
+
+
+def at_episode_end(ctx: RuleContext) -> bool:
+    """Is the current node in the body of an `if done:` (`if player.done:`, `if terminated or truncated:`) branch
+    below the hot region that contains it, one that does not train? It runs once per episode (a reset), not every
+    environment step."""
+    ancestors = ctx.ancestors
+    for index in range(len(ancestors) - 2, -1, -1):
+        node = ancestors[index]
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in ctx.analysis.hot:
+            return False
+        if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body \
+                and _ends_episode(node.test) and not _trains(node.body):
+            return True
+    return False
+
+
+def _ends_episode(test: cst.BaseExpression) -> bool:
+    if isinstance(test, cst.BooleanOperation):
+        return _ends_episode(test.left) and _ends_episode(test.right)
+    if isinstance(test, cst.Call) and dotted_name(test.func) in ("any", "all") and len(test.args) == 1:
+        test = test.args[0].value
+    name = dotted_name(test)
+    return name is not None and bool(_EPISODE_END.match(name.rsplit(".", 1)[-1]))
 
 
 def _throttle_flag(ctx: RuleContext, test: cst.BaseExpression, ancestors: list[cst.CSTNode]) -> bool:
