@@ -53,9 +53,6 @@ def _collector(device_parameter: str, marker: str = "") -> str:
                         obs, reward, done, _ = self.env.step(action.cpu().numpy())
             """
 
-_CPU_BUFFER_FACTORIES = frozenset({"torch.zeros", "torch.empty", "torch.ones", "torch.full"})
-
-
 class HostDataToDevicePerStep(Rule):
     """
     ## What it does
@@ -459,17 +456,10 @@ class HostDataToDevicePerStep(Rule):
                     replacements=replacements, imports=imports, note=note)
 
     def _host_buffer(self, value: cst.BaseExpression) -> bool:
-        """`self.state[ind]` where the class makes `self.state` only with torch factories on the CPU
-        (`torch.zeros((max_size, 4, 84, 84), dtype=torch.uint8)`, no `device=`, never pinned or moved)."""
-        if not isinstance(value, cst.Subscript) or not isinstance(value.value, cst.Attribute) \
-                or dotted_name(value.value.value) != "self":
-            return False
-        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
-        bindings = info.attrs.get(value.value.attr.value, []) if info is not None else []
-        return bool(bindings) and all(
-            b.kind is BindingKind.ASSIGN and isinstance(b.value, cst.Call)
-            and (self.ctx.qualname(b.value.func) or "") in _CPU_BUFFER_FACTORIES and call_arg(b.value, "device") is None
-            for b in bindings)
+        """`self.state[ind]` where the class keeps `self.state` on the CPU (`torch.zeros((max_size, 4, 84, 84),
+        dtype=torch.uint8)`, no `device=`): a replay store indexed on the host."""
+        return isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) \
+            and dotted_name(value.value.value) == "self" and Placement(self.ctx).of(value.value) == HOST
 
     def _uploading_helper(self, node: cst.Call) -> bool:
         """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host

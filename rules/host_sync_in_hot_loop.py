@@ -855,7 +855,7 @@ class HostSyncInHotLoop(Rule):
         CUDA: only tensors (and modules) have `.cpu()`, and nobody copies a CPU tensor to the CPU."""
         return placement.of(value) is None and self.ctx.evidence.is_module(value) is None \
             and (self.ctx.analysis.cuda_evidence or self.ctx.program.cuda_evidence) \
-            and not _computed_from_host(value, placement) and not _set_to_a_mode(value, placement) \
+            and not placement.computed_on_host(value) and not _set_to_a_mode(value, placement) \
             and not self._offloaded(value) and not _after_a_sync(value)
 
     def _offloaded(self, value: cst.BaseExpression) -> bool:
@@ -923,28 +923,6 @@ class HostSyncInHotLoop(Rule):
                 self._emit(value, "`%`-formatting a tensor", severity)
 
 
-def _computed_from_host(value: cst.BaseExpression, placement: Placement, depth: int = 0,
-                        before: int | None = None) -> bool:
-    """`out = model.initial_inference(obs)` with `obs = torch.tensor(obs)` made here on the CPU: what the call
-    computes from it is on the CPU too (a GPU network would have raised). Followed through a few bindings."""
-    while isinstance(value, (cst.Attribute, cst.Subscript)) or isinstance(value, cst.Call) and isinstance(
-            value.func, cst.Attribute) and not value.args:
-        value = value.func.value if isinstance(value, cst.Call) else value.value  # `d.sample().cpu()`: `d`
-    if depth > 6:
-        return False
-    if placement.built_on_host(value, before=before) or _constructed_on_host(placement, value):
-        return True
-    if isinstance(value, cst.Call):
-        arguments = [a.value for a in value.args if not a.star and isinstance(a.value, cst.Name)]
-        return any(_computed_from_host(a, placement, depth + 1, before) for a in arguments)
-    if not isinstance(value, cst.Name):
-        return False
-    bindings = placement.reaching(value.value, before)
-    if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
-        return False
-    return _computed_from_host(bindings[0].value, placement, depth + 1, bindings[0].order)
-
-
 def _after_a_sync(value: cst.BaseExpression) -> bool:
     """`mask.nonzero().squeeze().cpu()`: the op producing the value already waited for the GPU (its output size
     depends on the data), so copying its small result adds no wait."""
@@ -965,20 +943,6 @@ def _set_to_a_mode(value: cst.BaseExpression, placement: Placement) -> bool:
             return True
         value = value.func.value
     return False
-
-
-_HOST_CONSTRUCTORS = frozenset({"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor",
-                                "torch.FloatTensor", "torch.LongTensor"})
-
-
-def _constructed_on_host(placement: Placement, value: cst.BaseExpression) -> bool:
-    """`torch.tensor(obs, dtype=torch.float32).unsqueeze(0)`: a tensor constructor without `device=` (whatever its
-    data, which here is host data in practice), through methods that keep the device."""
-    while isinstance(value, cst.Call) and placement.ctx.qualname(value.func) not in _HOST_CONSTRUCTORS \
-            and isinstance(value.func, cst.Attribute) and method_name(value) not in ("to", "cuda", "type"):
-        value = value.func.value
-    return isinstance(value, cst.Call) and placement.ctx.qualname(value.func) in _HOST_CONSTRUCTORS \
-        and call_arg(value, "device") is None
 
 
 def _explicit_read(node: cst.CSTNode) -> bool:

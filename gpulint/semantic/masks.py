@@ -23,6 +23,7 @@ from gpulint.analysis import (
     walk,
 )
 from gpulint.rule import RuleContext
+from gpulint.semantic import vocab
 from gpulint.semantic.placement import TENSOR_PRESERVING_METHODS, Placement
 
 
@@ -77,9 +78,6 @@ _INDEX_PRODUCERS = {"nonzero", "argwhere", "argsort", "topk", "sort", "randperm"
                     "argmin", "nms", "batched_nms", "long", "int", "range", "list", "unique", "searchsorted",
                     "bucketize", "indices", "choice", "permutation", "flatnonzero", "tolist", "item", "len"}
 _STRONG_MASK_NAME = re.compile(r"mask", re.I)
-# episode-end flags: indexing a tensor, they can only be a bool mask (a 0/1 integer index would pick rows 0 and 1,
-# a float one raises)
-_TERMINAL_NAME = re.compile(r"^(dones?|terminals?|is_terminals?|terminateds?)$", re.I)
 
 
 def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | None:
@@ -105,7 +103,7 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
         name = node.attr.value
     else:
         return None
-    return Confidence.LOW if _STRONG_MASK_NAME.search(name) or _TERMINAL_NAME.match(name) else None
+    return Confidence.LOW if _STRONG_MASK_NAME.search(name) or vocab.EPISODE_END_NAME.match(name) else None
 
 
 _INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)
@@ -642,7 +640,7 @@ def _episode_end_flags(mask: cst.BaseExpression) -> bool:
     """`q_next[dones] = 0.0`: episode-end flags as an index can only be a bool mask (0/1 integers would pick rows 0
     and 1, floats raise)."""
     name = mask.attr.value if isinstance(mask, cst.Attribute) else mask.value if isinstance(mask, cst.Name) else ""
-    return bool(_TERMINAL_NAME.match(name))
+    return bool(vocab.EPISODE_END_NAME.match(name))
 
 
 def _inverted(mask: cst.BaseExpression) -> bool:

@@ -577,6 +577,40 @@ class Placement:
             return kind if kind in (DEVICE, HOST) else TENSOR
         return None
 
+    def computed_on_host(self, value: cst.BaseExpression, depth: int = 0, before: int | None = None) -> bool:
+        """Made on the CPU, or computed by a call from something that was (`out = model.initial_inference(obs)` with
+        `obs = torch.tensor(frames)` made here: a GPU network would have raised), through a few bindings; looser
+        than `built_on_host`, which also proves what it is made of. For a value whose placement is unknown."""
+        while isinstance(value, (cst.Attribute, cst.Subscript)) or isinstance(value, cst.Call) and isinstance(
+                value.func, cst.Attribute) and not value.args:
+            value = value.func.value if isinstance(value, cst.Call) else value.value  # `d.sample().cpu()`: `d`
+        if depth > 6:
+            return False
+        if self.built_on_host(value, before=before) or self._constructed_on_host(value):
+            return True
+        if isinstance(value, cst.Call):
+            arguments = [a.value for a in value.args if not a.star and isinstance(a.value, cst.Name)]
+            return any(self.computed_on_host(a, depth + 1, before) for a in arguments)
+        if not isinstance(value, cst.Name):
+            return False
+        bindings = self.reaching(value.value, before)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN or bindings[0].value is None:
+            return False
+        return self.computed_on_host(bindings[0].value, depth + 1, bindings[0].order)
+
+    def _constructed_on_host(self, value: cst.BaseExpression) -> bool:
+        """`torch.tensor(obs, dtype=torch.float32).unsqueeze(0)`: a tensor constructor without `device=` (whatever
+        its data, host data in practice), through methods that keep the device."""
+        while isinstance(value, cst.Call) and not self._host_constructor(value) \
+                and isinstance(value.func, cst.Attribute) and method_name(value) not in ("to", "cuda", "type"):
+            value = value.func.value
+        return isinstance(value, cst.Call) and self._host_constructor(value) and call_arg(value, "device") is None
+
+    def _host_constructor(self, call: cst.Call) -> bool:
+        qual = self.ctx.qualname(call.func) or ""
+        return qual.startswith("torch.") and qual.count(".") == 1 \
+            and qual[len("torch."):] in _HOST_CONSTRUCTORS | {"tensor", "as_tensor"}
+
     def _gradient_norm(self, node: cst.Call, depth: int, before: int | None) -> str:
         """`clip_grad_norm_(model.parameters(), c)` returns the total norm, a 0-d tensor where the gradients are."""
         parameters = node.args[0].value if node.args and not node.args[0].star else None
@@ -999,7 +1033,6 @@ def amortised(ctx: RuleContext) -> bool:
 
 
 _MEMOISING = {"lru_cache", "cache", "cached_property", "memoize", "memoized"}
-_EPISODE_END = re.compile(r"^(?:is_)?(?:done|dones|terminal|terminals|terminated|truncated|game_over|episode_over)$")
 
 
 def at_episode_end(ctx: RuleContext) -> bool:
@@ -1023,7 +1056,7 @@ def _ends_episode(test: cst.BaseExpression) -> bool:
     if isinstance(test, cst.Call) and dotted_name(test.func) in ("any", "all") and len(test.args) == 1:
         test = test.args[0].value
     name = dotted_name(test)
-    return name is not None and bool(_EPISODE_END.match(name.rsplit(".", 1)[-1]))
+    return name is not None and bool(vocab.EPISODE_END_NAME.match(name.rsplit(".", 1)[-1]))
 
 
 def _throttle_flag(ctx: RuleContext, test: cst.BaseExpression, ancestors: list[cst.CSTNode]) -> bool:
