@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import dotted_name, walk
+from gpulint.analysis import dotted_name
 from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions, program_index, site_program_texts
@@ -232,6 +232,16 @@ class Tf32NotEnabled(Rule):
         options={"rtol": 1e-2, "atol": 0.5, "perf_setup": "a = torch.randn(4096, 4096)\nb = torch.randn(4096, 4096)"},
     )
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._sets_tf32 = False  # set since the run read the file (an earlier fix pass), as this traversal saw
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self._sets_tf32 = self._sets_tf32 or _sets_tf32_call(node)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._sets_tf32 = self._sets_tf32 or _sets_tf32_flag(node)
+
     def finish(self) -> None:
         ctx = self.ctx
         anchor = training_entry_anchor(ctx)
@@ -264,8 +274,8 @@ class Tf32NotEnabled(Rule):
         if opt_in is not None:
             note = "; ".join(filter(None, [f"mixed precision is opt-in ({opt_in}, off by default): the default run "
                                            "trains in fp32", note]))
-        if _sets_tf32(ctx.module):
-            return  # set since the run read the file (an earlier fix pass)
+        if self._sets_tf32:
+            return
         if pinned_before_tf32:
             self.report(anchor, note="the project pins torch below 1.7, which has no TF32: upgrade torch first"
                                      + (f"; {note}" if note else ""))
@@ -301,14 +311,16 @@ class Tf32NotEnabled(Rule):
         return newline, "\n" + statement + "\n"
 
 
-def _sets_tf32(module: cst.Module) -> bool:
-    for node in walk(module, into_functions=True):
-        if isinstance(node, cst.Call) and (dotted_name(node.func) or "").endswith("set_float32_matmul_precision"):
-            return True
-        if isinstance(node, cst.AssignTarget) and (dotted_name(node.target) or "").endswith(
-                ("matmul.fp32_precision", "backends.fp32_precision", "matmul.allow_tf32")):
-            return True
-    return False
+def _sets_tf32_call(node: cst.Call) -> bool:
+    func = node.func
+    name = func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name else ""
+    return name == "set_float32_matmul_precision"
+
+
+def _sets_tf32_flag(node: cst.AssignTarget) -> bool:
+    target = node.target
+    return type(target) is cst.Attribute and target.attr.value in ("fp32_precision", "allow_tf32") and (
+        dotted_name(target) or "").endswith(("matmul.fp32_precision", "backends.fp32_precision", "matmul.allow_tf32"))
 
 
 def _top_level_torch_name(import_lines: list[cst.SimpleStatementLine]) -> str | None:

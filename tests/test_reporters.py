@@ -5,6 +5,7 @@ baselines whose fingerprints survive unrelated edits."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import pty
@@ -326,3 +327,46 @@ def test_bad_baseline_is_a_usage_error(project):
     result = gpulint("check", "--baseline", "b.json", cwd=project)
     assert result.returncode == 2 and "not a gpulint baseline" in result.stderr
     assert gpulint("check", "--baseline", "missing.json", cwd=project).returncode == 2
+
+
+# -- text: fix previews --------------------------------------------------------------------------------------
+
+def _preview(source: str, edits: tuple) -> list[str]:
+    from gpulint.diagnostics import Diagnostic, Fix, Position, Safety, Severity
+    from gpulint.reporters.text import Writer, render_full
+
+    fix = Fix("Fix it", Safety.SAFE, edits)
+    finding = Diagnostic("train.py", Position(1, 1), Position(1, 2), "GPU011", "name", "message", Severity.WARNING, fix)
+    stream = io.StringIO()
+    render_full(Writer(stream), [finding], lambda d: True, {"train.py": source})
+    lines = stream.getvalue().splitlines()
+    return lines[lines.index("help: Fix it") + 1:-1]
+
+
+def test_fix_preview_shows_each_changed_line_with_one_line_of_context():
+    from gpulint.diagnostics import Edit, Position
+
+    # repeated lines around the edits: a preview that mis-aligned the old and new text would show other lines
+    source = "".join(f"x = x.to(d)\ny{i} = {i}\n" for i in range(40))
+    edits = (Edit(Position(11, 10), Position(11, 11), "d, non_blocking=True"),
+             Edit(Position(61, 10), Position(61, 11), "d, non_blocking=True"))
+    assert _preview(source, edits) == [
+        "10 | y4 = 4",
+        "   - x = x.to(d)",
+        "11 + x = x.to(d, non_blocking=True)",
+        "12 | y5 = 5",
+        "60 | y29 = 29",
+        "   - x = x.to(d)",
+        "61 + x = x.to(d, non_blocking=True)",
+        "62 | y30 = 30",
+    ]
+
+
+def test_fix_preview_of_inserted_lines_at_the_start_and_end_of_a_file():
+    from gpulint.diagnostics import Edit, Position
+
+    source = "import torch\nmodel = Net()\n"
+    assert _preview(source, (Edit(Position(1, 1), Position(1, 1), "import os\n"),)) == [
+        "1 + import os", "1 | import torch"]  # context lines keep their number in the file as it is
+    assert _preview(source, (Edit(Position(3, 1), Position(3, 1), "model.cuda()\n"),)) == [
+        "2 | model = Net()", "3 + model.cuda()"]

@@ -79,18 +79,22 @@ def render_concise(writer: Writer, diagnostics: Sequence[Diagnostic],
 
 def render_full(writer: Writer, diagnostics: Sequence[Diagnostic], applicable: Callable[[Diagnostic], bool],
                 sources: dict[str, str], *, preview_fixes: bool = True) -> None:
+    lines_of: dict[str, list[str]] = {}  # each file split once, however many findings it has
     for d in diagnostics:
-        _full_one(writer, d, applicable(d), sources.get(d.path), preview_fixes)
+        source = sources.get(d.path)
+        if source is not None and d.path not in lines_of:
+            lines_of[d.path] = source.splitlines()
+        _full_one(writer, d, applicable(d), source, lines_of.get(d.path, []), preview_fixes)
 
 
 def _expand(text: str) -> str:
     return text.expandtabs(4)
 
 
-def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | None, preview: bool) -> None:
+def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | None, lines: list[str],
+              preview: bool) -> None:
     style = _SEVERITY_STYLE[d.severity]
     writer.line((d.code, style), " ", fix_marker(applicable), (d.message, "bold"))
-    lines = source.splitlines() if source is not None else []
     if not lines:
         writer.line(" --> ", f"{d.path}:{d.start.line}:{d.start.col}")
     else:
@@ -116,7 +120,7 @@ def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | Non
     if d.fix is not None:
         writer.line(("help", "bold cyan"), f": {d.fix.title}")
         if preview and source is not None:
-            _fix_preview(writer, d, source)
+            _fix_preview(writer, d, source, lines)
         if d.fix.safety is not Safety.SAFE:
             writer.line(("note", "bold"), ": This is an unsafe fix and may change runtime behavior"
                         + ("" if applicable else " (applied only with --unsafe-fixes)"))
@@ -125,7 +129,7 @@ def _full_one(writer: Writer, d: Diagnostic, applicable: bool, source: str | Non
     writer.line("")
 
 
-def _fix_preview(writer: Writer, d: Diagnostic, source: str) -> None:
+def _fix_preview(writer: Writer, d: Diagnostic, source: str, before_lines: list[str]) -> None:
     from gpulint.edits import apply_edits
 
     assert d.fix is not None
@@ -133,12 +137,20 @@ def _fix_preview(writer: Writer, d: Diagnostic, source: str) -> None:
         after = apply_edits(source, d.fix.edits)
     except (IndexError, ValueError):
         return
-    before_lines, after_lines = source.splitlines(), after.splitlines()
-    matcher = difflib.SequenceMatcher(a=before_lines, b=after_lines, autojunk=False)
+    after_lines = after.splitlines()
     width = len(str(max(len(before_lines), len(after_lines), 1)))
     pad = " " * width
+    # The lines the fix changed lie between a common head and a common tail: only they and one line of context
+    # either side are diffed (the same hunks as diffing the whole file, without its cost on large files).
+    shortest = min(len(before_lines), len(after_lines))
+    head = next((i for i in range(shortest) if before_lines[i] != after_lines[i]), shortest)
+    tail = next((i for i in range(shortest - head) if before_lines[-1 - i] != after_lines[-1 - i]), shortest - head)
+    start, context_after = max(head - 1, 0), max(tail - 1, 0)
+    matcher = difflib.SequenceMatcher(a=before_lines[start:len(before_lines) - context_after],
+                                      b=after_lines[start:len(after_lines) - context_after], autojunk=False)
     for group in matcher.get_grouped_opcodes(1):
         for tag, a1, a2, b1, b2 in group:
+            a1, a2, b1, b2 = a1 + start, a2 + start, b1 + start, b2 + start
             if tag == "equal":
                 for offset in range(a2 - a1):
                     writer.line((f"{a1 + offset + 1:>{width}} |", "blue"), " ", _expand(before_lines[a1 + offset]))
