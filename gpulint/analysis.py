@@ -325,9 +325,14 @@ IS_AVAILABLE_TEXT = r"(?<!pin_memory=)torch\.cuda\.is_available\("
 # their own extras
 CUDA_TEXT_PATTERN = r"""["']cuda(:(\d+|%[ds]|\{[^{}'"]*\}))?["']|\.cuda\(|""" + IS_AVAILABLE_TEXT
 CUDA_OR_ACCELERATOR_TEXT = re.compile(CUDA_TEXT_PATTERN + r"|torch\.accelerator\.")
-# CUDA named anywhere in a file of the program: also `f"cuda:{rank}"`, device selection and the NCCL backend
+# CUDA named anywhere in a file of the program: also `f"cuda:{rank}"`, device selection and the NCCL backend; or a
+# launcher that places the model on the GPU itself (Hugging Face Accelerate, a Lightning Trainer given GPUs)
 PROGRAM_CUDA_TEXT = re.compile(CUDA_TEXT_PATTERN + r"""|f["']cuda|torch\.cuda\.(set_device|current_device|synchronize)\(|"""
-                               r"""["']nccl["']""")
+                               r"""["']nccl["']|\bAccelerator\(|\bgpus\s*=\s*(?!0\b|None\b)\w|"""
+                               r"""\baccelerator\s*=\s*["'](?:gpu|cuda)["']""")
+_PLACING_LAUNCHERS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
+# literal text one of which every match of PROGRAM_CUDA_TEXT holds (a cheap test before the regex)
+PROGRAM_CUDA_WORDS = ("cuda", "nccl", "Accelerator(", "gpu")
 _BATCH_NORM = re.compile(r"^torch\.nn\.(BatchNorm\dd|SyncBatchNorm|LazyBatchNorm\dd|Dropout(\dd)?|AlphaDropout|FeatureAlphaDropout)$")
 _MODULE_BASES = {"torch.nn.Module", "lightning.pytorch.LightningModule", "pytorch_lightning.LightningModule",
                  "lightning.LightningModule", "lightning.pytorch.core.LightningModule", "transformers.PreTrainedModel",
@@ -823,8 +828,9 @@ class _PrePass(cst.CSTVisitor):
         if name == "cuda":
             self.a.cuda_evidence = True
         qual = self.a.call_qualname(node)
-        if qual is not None and qual.startswith(_CUDA_AMP_PREFIX):
-            # the deprecated CUDA AMP API targets CUDA as plainly as its `torch.amp.*("cuda")` replacement
+        if qual is not None and qual.startswith(_CUDA_AMP_PREFIX) or qual in _PLACING_LAUNCHERS:
+            # the deprecated CUDA AMP API targets CUDA as plainly as its `torch.amp.*("cuda")` replacement; an
+            # Accelerate launcher puts what it prepares on the GPU
             self.a.cuda_evidence = True
         if not self.a.device_variable_use:
             target = call_arg(node, "device", 0 if name == "to" else None) if name == "to" or qual and \
@@ -993,6 +999,14 @@ def every_n_steps(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     return any(not vocab.every_step(value) for _, value in _modulo_divisors(a, test))
 
 
+def every_many_steps(a: FileAnalysis, test: cst.BaseExpression) -> bool:
+    """`every_n_steps`, and plainly rare: the divisor is known to be at least `vocab.RARE_MODULUS`
+    (`generator_iter % 1000 == 0`) or named for output (`step % log_interval == 0`). `(k + 1) % horizon == 0` in an
+    unrolled step is not: it may hold every few iterations of the same step."""
+    return any(value is not None and value >= vocab.RARE_MODULUS or value is None and name is not None
+               and vocab.THROTTLE_NAME.search(name) is not None for name, value in _modulo_divisors(a, test))
+
+
 def _modulo_divisors(a: FileAnalysis, test: cst.BaseExpression) -> list[tuple[str | None, int | None]]:
     """(name, value if known) of the divisor of each `x % divisor` in `test` (string formatting excluded)."""
     found = []
@@ -1029,7 +1043,7 @@ def _repeats(loop: cst.For | cst.While) -> bool:
         return True
     iterable = loop.iter
     while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in (
-            "tqdm", "enumerate") and iterable.args:
+            "tqdm", "enumerate", "reversed", "list") and iterable.args:  # `tqdm(reversed(range(T)))`: T steps
         iterable = iterable.args[0].value
     return isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
         vocab.COUNTING_ITERABLES

@@ -72,6 +72,9 @@ class _Sizes(NamedTuple):
     # Linear layers whose width is a multiple of a model dimension (`nn.Linear(dim, 4 * dim)`): the expansion of a
     # transformer or ConvNeXt block, never a classifier head
     expansions: int = 0
+    # products of two activations written out (`torch.bmm(q, k)`, `q @ k.transpose(-2, -1)`, an einsum): attention
+    # in a network that may otherwise be convolutions
+    activation_matmuls: int = 0
 
 
 @lru_cache(maxsize=4096)
@@ -79,17 +82,21 @@ def _sizes(text: str) -> _Sizes:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return _Sizes((), (), (), (), (), 0)
+        return _Sizes((), (), (), (), (), 0, 0)
     layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
     sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
     constants = _single_constants(tree)
     resolved: list[tuple[str, int | None]] = []  # layers again, widths written as names of constants resolved
     expansions = 0
+    activation_matmuls = 0
     for node in pyast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            activation_matmuls += 1
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            activation_matmuls += name in _ACTIVATION_MATMULS
             dims, named_dims, sides = [], [], []
             for position, keyword in _LAYER_ARGS.get(name, ()):
                 value = next((k.value for k in node.keywords if k.arg == keyword), None)
@@ -137,7 +144,10 @@ def _sizes(text: str) -> _Sizes:
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
                 _record(sized, arg.arg, default)
     return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved),
-                  expansions)
+                  expansions, activation_matmuls)
+
+
+_ACTIVATION_MATMULS = frozenset({"bmm", "baddbmm", "matmul", "einsum", "scaled_dot_product_attention"})
 
 
 def _widens_a_dimension(widths: list[ast.AST]) -> bool:
@@ -258,7 +268,8 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
     """"large" (a width above SMALL_WIDTH, or a well-known large model), "small" (widths are written and all
     are at most SMALL_WIDTH), or None (nothing shows). With `matmul_only`, convolutions do not count (for
     TF32, which cuDNN convolutions already use): a network of convolutions, with at most classifier-like
-    Linear layers of unwritten width (none widening a model dimension, as a block's MLP does), is "small"."""
+    Linear layers of unwritten width (none widening a model dimension, as a block's MLP does) and no product of
+    activations written out (attention's `torch.bmm(q, k)`), is "small"."""
     for text in texts.values():
         model = _big_model_named(text)
         if model and not (matmul_only and _BIG_CNN.fullmatch(model)):
@@ -272,7 +283,7 @@ def network_size(texts: dict[str, str], *, matmul_only: bool = False) -> str | N
         return "large"
     if convolutional:
         unknown = [name for name, w in layers if w is None and not name.startswith(("Conv", "LazyConv"))]
-        expanded = any(_sizes(text).expansions for text in texts.values())
+        expanded = any(_sizes(text).expansions or _sizes(text).activation_matmuls for text in texts.values())
         return "small" if all(name == "Linear" for name in unknown) and not expanded else None
     known = [w for w in widths if w is not None]
     return "small" if known or settings else None

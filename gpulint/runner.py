@@ -67,7 +67,7 @@ def display_path(path: Path) -> str:
 
 def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     """Cheap text-level facts about all files of the run, so that no file is parsed twice."""
-    from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT
+    from gpulint.analysis import IS_AVAILABLE_TEXT, PROGRAM_CUDA_TEXT, PROGRAM_CUDA_WORDS
     from gpulint.engine import ProgramFacts
 
     maybe_cuda_text = re.compile(IS_AVAILABLE_TEXT)
@@ -75,7 +75,7 @@ def program_facts(sources: Sequence[tuple[str, SourceFile]]) -> ProgramFacts:
     for path, source in sources:
         text = facts.sources[path] = source.text
         # the literal tests first: most files name neither, and the regexes have no literal prefix to skip by
-        facts.cuda_evidence |= ("cuda" in text or "nccl" in text) and bool(PROGRAM_CUDA_TEXT.search(text))
+        facts.cuda_evidence |= any(word in text for word in PROGRAM_CUDA_WORDS) and bool(PROGRAM_CUDA_TEXT.search(text))
         facts.maybe_cuda_evidence |= "is_available" in text and bool(maybe_cuda_text.search(text))
     facts.module_classes.update(_module_classes(facts.sources.values()))
     return facts

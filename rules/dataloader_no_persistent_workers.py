@@ -156,6 +156,34 @@ class DataloaderNoPersistentWorkers(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # the epoch function iterates a progress bar bound in a tuple assignment
+            """
+            import torch
+            from tqdm import tqdm
+            from torch.utils.data import DataLoader
+            def train(net, data_loader, opt):
+                total_loss, total_num, train_bar = 0.0, 0, tqdm(data_loader)
+                for x, y in train_bar:
+                    net(x.cuda()).sum().backward()
+                    opt.step()
+            loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=16, pin_memory=True)  # error: GPU051
+            for epoch in range(1, 500):
+                train(model, loader, optimizer)
+            """,
+            fixed="""
+            import torch
+            from tqdm import tqdm
+            from torch.utils.data import DataLoader
+            def train(net, data_loader, opt):
+                total_loss, total_num, train_bar = 0.0, 0, tqdm(data_loader)
+                for x, y in train_bar:
+                    net(x.cuda()).sum().backward()
+                    opt.step()
+            loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=16, pin_memory=True, persistent_workers=True)  # error: GPU051
+            for epoch in range(1, 500):
+                train(model, loader, optimizer)
+            """,
+        ),
         Invalid(  # the same helper, called with workers
             """
             import torch

@@ -8,7 +8,8 @@ from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import LEGACY_HOST_TENSOR, BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
-from gpulint.semantic.placement import DEVICE, TENSOR, Placement
+from gpulint.semantic import vocab
+from gpulint.semantic.placement import DEVICE, TENSOR, Placement, amortised, last_name, variable_content
 
 # Same values wherever they are computed (H200, torch 2.11: CPU-then-copy vs created on the GPU, torch.equal).
 _EXACT = {"zeros", "ones", "full", "empty", "eye"}
@@ -151,6 +152,74 @@ class FactoryThenMove(Rule):
                     return self.mlp(self.sinusoid(t, 256))
             """
         ),
+        Invalid(  # the legacy `Variable` wrapper returns its tensor: the factory inside is still made on the CPU
+            """
+            import torch
+            from torch.autograd import Variable
+            def train(D, loader, opt, n):
+                for images, _ in loader:
+                    real = Variable(torch.ones(n)).cuda(0)  # error: GPU015
+                    D(images.cuda(0), real).backward()
+                    opt.step()
+            """,
+            fixed="""
+            import torch
+            from torch.autograd import Variable
+            def train(D, loader, opt, n):
+                for images, _ in loader:
+                    real = Variable(torch.ones(n, device="cuda:0"))  # error: GPU015
+                    D(images.cuda(0), real).backward()
+                    opt.step()
+            """,
+        ),
+        Invalid(  # a diffusion sampler's denoising loop: T network calls, a CPU tensor copied before each (no fix)
+            """
+            import torch
+            class Diffusion:
+                def sample(self, model, x, n):
+                    for i in reversed(range(1, self.noise_steps)):
+                        t = (torch.ones(n) * i).long().to(self.device)  # error: GPU015
+                        x = model(x, t)
+                    return x
+            """
+        ),
+        Invalid(  # the factory sits in a helper that returns its CPU tensor; the step moves it (no fix)
+            """
+            import torch
+            class Diffusion:
+                def sample_timesteps(self, n):
+                    return torch.randint(low=1, high=self.noise_steps, size=(n,))
+            def train(model, loader, opt, diffusion, device):
+                for images, _ in loader:
+                    t = diffusion.sample_timesteps(images.shape[0]).to(device)  # error: GPU015
+                    model(images.to(device), t).mean().backward()
+                    opt.step()
+            """
+        ),
+        Invalid(  # noise drawn on the CPU, moved by a helper that returns its argument on the GPU (no fix)
+            """
+            import torch
+            from torch.autograd import Variable
+            class GAN:
+                def get_torch_variable(self, arg):
+                    return Variable(arg).cuda(self.cuda_index)
+                def train(self, loader):
+                    for images, _ in loader:
+                        z = self.get_torch_variable(torch.randn(64, 100, 1, 1))  # error: GPU015
+                        self.D(self.G(z)).mean().backward()
+                        self.d_optimizer.step()
+            """
+        ),
+        Valid(  # the helper's CPU factory moved once, at set-up: not worth a finding
+            """
+            import torch
+            class Diffusion:
+                def schedule(self):
+                    return torch.linspace(1e-4, 0.02, self.noise_steps)
+                def __init__(self, device):
+                    self.beta = self.schedule().to(device)
+            """
+        ),
         Valid(  # the same arithmetic on a factory created on the device: nothing is copied
             """
             import math
@@ -197,19 +266,46 @@ class FactoryThenMove(Rule):
             m = torch.bernoulli(p).to(device)
             """
         ),
-        Invalid(
+        Invalid(  # a helper whose call frequency is unknown (a loss a framework calls): still reported
             """
             import torch
-            buf = torch.zeros(batch, dim).cuda()
-            mask = torch.ones(n, n).to(device)
-            eye = torch.eye(n).to(device, dtype=torch.float16)
+            def contrastive_targets(batch, dim, n, device):
+                buf = torch.zeros(batch, dim).cuda()
+                mask = torch.ones(n, n).to(device)
+                eye = torch.eye(n).to(device, dtype=torch.float16)
+                return buf, mask, eye
             """,
             fixed="""
             import torch
-            buf = torch.zeros(batch, dim, device="cuda")
-            mask = torch.ones(n, n, device=device)
-            eye = torch.eye(n, device=device, dtype=torch.float16)
+            def contrastive_targets(batch, dim, n, device):
+                buf = torch.zeros(batch, dim, device="cuda")
+                mask = torch.ones(n, n, device=device)
+                eye = torch.eye(n, device=device, dtype=torch.float16)
+                return buf, mask, eye
             """,
+        ),
+        Valid(  # set-up: a script's storage allocated once before its loop, a constructor's table
+            """
+            import torch
+            obs = torch.zeros((num_steps, num_envs, obs_dim)).to(device)
+            class Agent(torch.nn.Module):
+                def __init__(self, device):
+                    super().__init__()
+                    self.support = torch.linspace(-10, 10, 51).to(device)
+            for update in range(1000):
+                collect(obs)
+            """
+        ),
+        Valid(  # a sample for the images saved every 1000 steps: one copy now and then
+            """
+            import torch
+            for step, (x, _) in enumerate(loader):
+                D(x.cuda()).mean().backward()
+                optimizer.step()
+                if step % 1000 == 0:
+                    z = torch.randn(800, 100, 1, 1).cuda()
+                    save_image(G(z))
+            """
         ),
         Valid(  # made once outside the training step, moved later: a one-off copy
             """
@@ -284,15 +380,19 @@ class FactoryThenMove(Rule):
         Invalid(  # random: the fix changes the values and the CPU generator's stream (unsafe)
             """
             import torch
-            noise = torch.randn(b, nz, 1, 1).to(device)
-            idx = torch.randint(0, n, size=(k,)).to(device=device)
-            perm = torch.randperm(n).cuda()
+            for x in loader:
+                noise = torch.randn(b, nz, 1, 1).to(device)
+                idx = torch.randint(0, n, size=(k,)).to(device=device)
+                perm = torch.randperm(n).cuda()
+                step(x, noise, idx, perm)
             """,
             fixed="""
             import torch
-            noise = torch.randn(b, nz, 1, 1, device=device)
-            idx = torch.randint(0, n, size=(k,), device=device)
-            perm = torch.randperm(n, device="cuda")
+            for x in loader:
+                noise = torch.randn(b, nz, 1, 1, device=device)
+                idx = torch.randint(0, n, size=(k,), device=device)
+                perm = torch.randperm(n, device="cuda")
+                step(x, noise, idx, perm)
             """,
         ),
     ]
@@ -317,6 +417,7 @@ class FactoryThenMove(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
         if name not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
+            self._moved_by_helper(node)
             return
         moved = node.func.value
         factory, wrapper, cast = self._unwrap(moved)
@@ -334,6 +435,12 @@ class FactoryThenMove(Rule):
                                   "copied to the GPU every step: draw it on the device (`torch.randn(shape, "
                                   "device=...)` for a standard normal, or parameters that are device tensors)")
                 return
+            helper = self._factory_helper(factory)
+            if helper is not None and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
+                    and self._move(node, name) is not None:
+                self.report(node, f"Tensor created on the CPU by `{helper}()` (a torch factory without `device=`) "
+                                  "and then moved: give the factory in the helper a `device=`")
+                return
             if self._built_up_on_host(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
                     and self._move(node, name) is not None:
                 self.report(node, note="pass `device=` to the factory at the start of the chain; the ops after it "
@@ -348,8 +455,11 @@ class FactoryThenMove(Rule):
         numel = _literal_numel(factory, kind)
         if numel == 0:
             return  # `torch.empty(0).to(device)`: no elements, nothing is copied
-        if not self.ctx.in_hot_region() and not self.ctx.in_loop() and (numel or _TINY + 1) <= _TINY:
-            return  # a one-off tiny tensor (`torch.zeros(1, 1).to(device)`): nothing to gain
+        if not self.ctx.in_hot_region() and not self.ctx.in_loop() and ((numel or _TINY + 1) <= _TINY
+                                                                         or self._set_up_or_evaluation()):
+            return  # a one-off tiny tensor (`torch.zeros(1, 1).to(device)`), or set-up code: nothing to gain
+        if amortised(self.ctx, plainly=True):
+            return  # a sample drawn for the images saved every 1000 steps: one copy now and then
         if kind == "normal" and len([a for a in factory.args if a.keyword is None]) < 3 \
                 and call_arg(factory, "size") is None:
             return  # normal(mean_tensor, std_tensor) takes no device= argument
@@ -405,11 +515,53 @@ class FactoryThenMove(Rule):
         while isinstance(moved, cst.Call) and isinstance(moved.func, cst.Attribute) \
                 and method_name(moved) in _CASTS and not any(arg.star for arg in moved.args):
             moved, cast = moved.func.value, True
+        wrapped = variable_content(self.ctx, moved)
+        if wrapped is not None and isinstance(wrapped, cst.Call):  # `Variable(torch.ones(n)).cuda()`
+            return wrapped, moved, cast
         if isinstance(moved, cst.Call) and self.ctx.qualname(moved.func) in _TRIANGLES and moved.args \
                 and moved.args[0].keyword is None and not moved.args[0].star \
                 and call_arg(moved, "out") is None and isinstance(moved.args[0].value, cst.Call):
             return moved.args[0].value, moved, cast
         return moved, None, cast
+
+    def _moved_by_helper(self, node: cst.Call) -> None:
+        """`z = self.to_gpu(torch.randn(b, 100))` in the step, the helper returning its argument moved to a device:
+        reported at the factory (directly the argument, or bound once to the name passed); no fix, the helper
+        decides the device."""
+        if not node.args or node.args[0].keyword is not None or node.args[0].star or is_test_path(self.ctx.path) \
+                or not self.ctx.in_hot_region() or amortised(self.ctx, plainly=True) \
+                or not Placement(self.ctx).moves_argument(node):
+            return
+        factory = node.args[0].value
+        if isinstance(factory, cst.Name):
+            bindings = Placement(self.ctx).reaching(factory.value)
+            if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN \
+                    or self._filled_before_move(factory.value, bindings[0].order):
+                return
+            factory = bindings[0].value
+        factory, _, _ = self._unwrap(factory)
+        if not isinstance(factory, cst.Call) or self._factory_kind(factory) is None or not _placeable(factory) \
+                or id(factory) in self._reported_factories:
+            return
+        self._reported_factories.add(id(factory))
+        self.report(factory, f"Tensor created on the CPU and moved to the device by `{last_name(node.func)}()`: "
+                             "create it on the device with `device=`")
+
+    def _set_up_or_evaluation(self) -> bool:
+        """Code that runs once: the top level of a script (storage allocated before the loop), a constructor, an
+        evaluation or output function. Code of other functions may run per step where the call graph cannot
+        tell (a loss helper a framework calls), so it is still reported."""
+        function = self.ctx.enclosing(cst.FunctionDef)
+        return function is None or function.name.value == "__init__" or bool(
+            vocab.EVAL_FUNCTION.match(function.name.value) or vocab.OUTPUT_FUNCTION.match(function.name.value))
+
+    def _factory_helper(self, value: cst.BaseExpression) -> str | None:
+        """The name of the program function whose call `value` is (through casts and `Variable`), when that
+        function returns a torch factory's new CPU tensor (`diffusion.sample_timesteps(n)`)."""
+        value, _, _ = self._unwrap(value)
+        if isinstance(value, cst.Call) and Placement(self.ctx).from_factory_helper(value):
+            return last_name(value.func)
+        return None
 
     def _built_up_on_host(self, value: cst.BaseExpression) -> bool:
         """`torch.zeros(1, n).scatter(1, index, 1.0).repeat(b, 1)`: a factory's tensor shaped or written by a chain
@@ -527,6 +679,7 @@ class FactoryThenMove(Rule):
         while isinstance(moved, cst.Call) and method_name(moved) in _SHAPE_ONLY and isinstance(moved.func,
                                                                                                cst.Attribute):
             moved = moved.func.value
+        moved = variable_content(self.ctx, moved) or moved  # `labels = torch.ones(n)` ... `Variable(labels).cuda()`
         if not isinstance(moved, cst.Name) or is_test_path(self.ctx.path):
             return
         move = self._move(node, name)
@@ -538,14 +691,16 @@ class FactoryThenMove(Rule):
         if self._filled_before_move(moved.value, bindings[0].order):
             return  # `feats = torch.zeros(n, d)`, rows written on the CPU, then moved: a different trade-off
         factory = bindings[0].value
-        if not isinstance(factory, cst.Call) or self._factory_kind(factory) is None \
-                or not _placeable(factory):
+        helper = self._factory_helper(factory)
+        if helper is None and (not isinstance(factory, cst.Call) or self._factory_kind(factory) is None
+                               or not _placeable(factory)):
             return
         if id(factory) in self._reported_factories:
             return
         self._reported_factories.add(id(factory))
+        where = "the factory" if helper is None else f"the factory in `{helper}()`"
         self.report(factory, f"Tensor created on the CPU and moved to the device by a later `.{name}()`: pass "
-                             f"`device={self.ctx.code(move[0])}` to the factory")
+                             f"`device={self.ctx.code(move[0])}` to {where}")
 
     def _filled_before_move(self, name: str, since: int) -> bool:
         """Is `name` written in place (`name[i] = ...`, `name.copy_(...)`, `name += ...`) between its factory and

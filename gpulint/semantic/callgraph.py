@@ -126,6 +126,8 @@ class FunctionSummary:
     # every data parameter is: a recorder whose arguments become NumPy data if those attributes are NumPy arrays
     stored_into: frozenset[str] = frozenset()
     returns_host: bool = False  # returns tensors it builds on the host (`ReplayBuffer.sample` -> torch.tensor(...))
+    returns_factory: bool = False  # returns a torch factory's new CPU tensor (`return torch.randint(1, T, (n,))`)
+    moves_parameter: bool = False  # returns a tensor parameter moved to a device (`return Variable(x).cuda()`)
     # positions of the returned tuple (None: the whole result) holding values it backpropagates (`return loss, acc`)
     returns_losses: tuple[int | None, ...] = ()
     moves_to_device: bool = False  # calls `.to(...)` or `.cuda()` (a collate function that does delivers device batches)
@@ -304,12 +306,15 @@ def _iterator_names(assigns: list[ast.Assign]) -> dict[str, list[tuple[str, ...]
     the wrapper iterates (`_loop_sources`)."""
     found: dict[str, list[tuple[str, ...]]] = {}
     for assign in assigns:
-        value = assign.value
-        if isinstance(value, ast.Call) and vocab.last_part(_dotted(value.func)) in _ITERATING_WRAPPERS:
-            sources = [source for source in _loop_sources(value) if source[0] == "value"]
-            for target in assign.targets:
-                if isinstance(target, ast.Name) and sources:
-                    found.setdefault(target.id, []).extend(sources)
+        for target in assign.targets:  # also `total, bar = 0.0, tqdm(loader)`, element by element
+            pairs = zip(target.elts, assign.value.elts) if isinstance(target, ast.Tuple) and isinstance(
+                assign.value, ast.Tuple) and len(target.elts) == len(assign.value.elts) else [(target, assign.value)]
+            for name, value in pairs:
+                if isinstance(name, ast.Name) and isinstance(value, ast.Call) \
+                        and vocab.last_part(_dotted(value.func)) in _ITERATING_WRAPPERS:
+                    sources = [source for source in _loop_sources(value) if source[0] == "value"]
+                    if sources:
+                        found.setdefault(name.id, []).extend(sources)
     return found
 
 
@@ -708,6 +713,8 @@ class _Summariser:
         enclosing_wrapping, self._wrapping = self._wrapping, _iterator_names(assigns)
         if returns:
             summary.returns_host = _returns_host_tensors(returns, assigns)
+            summary.returns_factory = _returns_factory_tensor(returns, assigns)
+            summary.moves_parameter = bool(data_params) and any(_moved_parameter(r, data_params) for r in returns)
             summary.builds = tuple(dict.fromkeys(c for r in returns if (c := _constructed_class(r))))
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
@@ -1022,6 +1029,36 @@ def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -
                                      and e.func.attr in ("to", "cuda") for e in elements):
             return True
     return False
+
+
+def _returns_factory_tensor(returned: list[ast.expr], assigns: list[ast.Assign]) -> bool:
+    """`def sample_timesteps(self, n): return torch.randint(1, self.T, (n,))`: every return is a torch factory's new
+    tensor made without `device=` (directly, cast, or through a name bound to one), so it is a CPU tensor, and a
+    caller's `.to(device)` of it copies what the device could have made itself."""
+    bound = {target.id: assign.value for assign in assigns for target in assign.targets
+             if isinstance(target, ast.Name)}
+    if not returned:
+        return False
+    for value in returned:
+        value = _shape_kept(value)
+        if isinstance(value, ast.Name):
+            value = _shape_kept(bound.get(value.id, value))
+        if not (isinstance(value, ast.Call) and not any(k.arg == "device" for k in value.keywords)
+                and (_dotted(value.func) or "").split(".")[0] == "torch"
+                and (_dotted(value.func) or "").count(".") == 1
+                and vocab.last_part(_dotted(value.func)) in vocab.TORCH_FACTORIES):
+            return False
+    return True
+
+
+def _moved_parameter(value: ast.expr, params: set[str]) -> bool:
+    """`x.to(device)`, `x.cuda(i)`, `Variable(x).cuda()` with `x` a parameter."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda")):
+        return False
+    moved = value.func.value
+    if isinstance(moved, ast.Call) and vocab.last_part(_dotted(moved.func)) == "Variable" and len(moved.args) == 1:
+        moved = moved.args[0]
+    return isinstance(moved, ast.Name) and moved.id in params
 
 
 def _returned_positions(returned: list[ast.expr], names: set[str]) -> tuple[int | None, ...]:
@@ -2139,7 +2176,9 @@ class CallGraph:
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
         a method writing every argument into NumPy arrays (`buffer.store(obs, val)`)
-        `<function key>#stores-to-host:<name>`, one that calls a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a function
+        `<function key>#stores-to-host:<name>`, one that calls a sampler returning tensors built on the host `<function key>#host-batch:<name>`, one that calls a
+        function returning a torch factory's new CPU tensor `<function key>#host-factory:<name>`, one that calls a helper
+        returning its tensor argument moved to a device `<function key>#moves-argument:<name>`, one that calls a function
         returning a value it backpropagated `<function key>#loss-result:<name>:<tuple position, or nothing>`, one
         that calls a tensor helper (its result lives where its arguments do) `<function key>#same-device:<name>`, one whose
         parameter receives part of a loader's batch `<function key>#batch-parameter:<parameter>`, one whose
@@ -2228,6 +2267,10 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#stores-to-host:{site.target[-1]}"] = Frequency.ONCE
                     if callees and all(callee.returns_host for callee in callees):
                         found.setdefault(path, {})[f"{fn.key}#host-batch:{site.target[-1]}"] = Frequency.ONCE
+                    if callees and all(callee.returns_factory for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#host-factory:{site.target[-1]}"] = Frequency.ONCE
+                    if callees and all(callee.moves_parameter for callee in callees):
+                        found.setdefault(path, {})[f"{fn.key}#moves-argument:{site.target[-1]}"] = Frequency.ONCE
                     for callee in resolved:
                         given_numbers[callee] = given_numbers.get(callee, True) and site.numbers_only
                     for position in set.intersection(*(set(c.returns_losses) for c in callees)) if callees else ():

@@ -10,7 +10,8 @@ from typing import Iterable
 import libcst as cst
 
 from gpulint import Device
-from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, every_n_steps, method_name, walk
+from gpulint.analysis import (BindingKind, call_arg, child_nodes, dotted_name, every_many_steps, every_n_steps, method_name,
+                             walk)
 from gpulint.rule import RuleContext
 from gpulint.semantic import vocab
 
@@ -91,6 +92,15 @@ _DEVICE_NAME = re.compile(r"device|^dev$|_dev$|^dvc$|_dvc$|cuda|gpu|rank", re.I)
 _MODEL_NAME = re.compile(r"^(model|net|network|policy|actor|critic|agent|encoder|decoder|generator|discriminator|"
                          r"classifier|backbone|q_net|qnet|q_network|module|ddp_model|raw_model)$|model$|net$", re.I)
 _CPU_NAME = re.compile(r"cpu|host", re.I)
+
+
+def variable_content(ctx: RuleContext, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor that a legacy `Variable(tensor)` wraps (the wrapper returns it unchanged); None for anything
+    else, and for a wrapper given more than its tensor (`requires_grad=True` makes another leaf)."""
+    if isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None \
+            and not node.args[0].star and (ctx.qualname(node.func) or "") in _VARIABLE:
+        return node.args[0].value
+    return None
 
 
 def combine_operands(kinds: Iterable[str | None]) -> str | None:
@@ -525,6 +535,16 @@ class Placement:
         """A program function that computes its result from its arguments with tensor ops (`#same-device:`
         marker of the call graph): `value = logits_to_expected_value(value, n)` keeps `value` where it was."""
         return self._call_marked(node, "same-device")
+
+    def from_factory_helper(self, node: cst.BaseExpression) -> bool:
+        """`diffusion.sample_timesteps(n)`: a call of a program function that returns a torch factory's new CPU
+        tensor (`return torch.randint(1, T, (n,))`), as the call graph found across the program's files."""
+        return isinstance(node, cst.Call) and self._call_marked(node, "host-factory")
+
+    def moves_argument(self, node: cst.BaseExpression) -> bool:
+        """`self.get_torch_variable(z)`: a call of a program helper that returns its tensor argument moved to a
+        device (`return Variable(arg).cuda(self.cuda_index)`)."""
+        return isinstance(node, cst.Call) and self._call_marked(node, "moves-argument")
 
     def _call_marked(self, node: cst.Call, marker: str, detail: int | str | None = None) -> bool:
         """The call graph marks this call's callee, as the enclosing function calls it (`<key>#<marker>:<name>`, with
@@ -1002,11 +1022,12 @@ def last_name(node: cst.BaseExpression) -> str | None:
     return None
 
 
-def amortised(ctx: RuleContext) -> bool:
+def amortised(ctx: RuleContext, *, plainly: bool = False) -> bool:
     """Is the current node in the body of an `if` whose test uses `%` (`if step % N == 0:`), below the hot
     region (or the function) that contains it, and that does not train itself? Such code runs once every N steps
     (a branch that runs the update every N environment steps is the training step). So is a memoising branch
-    (`if key not in cache:`), a branch that breaks out of the step loop, and a `@lru_cache` function."""
+    (`if key not in cache:`), a branch that breaks out of the step loop, and a `@lru_cache` function.
+    `plainly`: only a `%` that is plainly rare (`every_many_steps`)."""
     ancestors = ctx.ancestors
     hot = ctx.analysis.hot
     for index in range(len(ancestors) - 2, -1, -1):
@@ -1018,8 +1039,9 @@ def amortised(ctx: RuleContext) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) or id(node) in hot:
             return False
         if isinstance(node, cst.If) and index + 1 < len(ancestors) and ancestors[index + 1] is node.body:
-            if (every_n_steps(ctx.analysis, node.test) or _throttle_flag(ctx, node.test, ancestors[:index])) \
-                    and not _trains(node.body):
+            rare = every_many_steps(ctx.analysis, node.test) if plainly else every_n_steps(ctx.analysis, node.test) \
+                or _throttle_flag(ctx, node.test, ancestors[:index])
+            if rare and not _trains(node.body):
                 return True  # (a branch that trains, `if step % train_freq == 0: ...; loss.backward()`, is the step)
             if isinstance(node.test, cst.Comparison) and any(isinstance(c.operator, cst.NotIn)
                                                               for c in node.test.comparisons):

@@ -29,6 +29,9 @@ THROTTLE_NAME = re.compile(r"interval|freq|every|period|log|print|verbose|debug|
 # every step, so `log_*` is not among them)
 OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|checkpoint|test_)", re.I)
 # iterables of a loop that repeats a step rather than walking a collection
+# torch functions that make a new tensor and take `device=` (a CPU tensor unless given one)
+TORCH_FACTORIES = frozenset({"zeros", "ones", "full", "empty", "eye", "arange", "linspace", "logspace", "rand", "randn",
+                             "randint", "randperm", "normal"})
 # a loop that tries something again on failure (`while retries:`, `for attempt in range(3)`): not a rollout
 RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
@@ -140,6 +143,9 @@ def throttles(names: set[str], has_modulo: bool) -> bool:
 
 # `step % N` with N at most this runs (nearly) every step: `log_interval = 1`, `--policy_delay 2`
 EVERY_STEP_MODULUS = 2
+
+
+RARE_MODULUS = 10  # `x % N == 0` with N at least this runs at most a tenth of the time
 
 
 def every_step(divisor: int | None) -> bool:
