@@ -1042,8 +1042,8 @@ def _repeats(loop: cst.For | cst.While) -> bool:
     if not isinstance(loop, cst.For):
         return True
     iterable = loop.iter
-    while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in (
-            "tqdm", "enumerate", "reversed", "list") and iterable.args:  # `tqdm(reversed(range(T)))`: T steps
+    while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
+            vocab.COUNT_KEEPING_WRAPPERS and iterable.args:
         iterable = iterable.args[0].value
     return isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
         vocab.COUNTING_ITERABLES

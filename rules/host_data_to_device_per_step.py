@@ -357,6 +357,50 @@ class HostDataToDevicePerStep(Rule):
             head = Head().cuda()
             """
         ),
+        Invalid(  # a noise schedule built on the CPU once, copied whole at every one of the sampler's T steps
+            """
+            import torch
+
+            class Schedule:
+                def __init__(self, n=1000):
+                    self.n = n
+                    self.betas = torch.linspace(1e-4, 0.02, n)
+
+                def step(self, x, eps, i):
+                    beta = self.betas.to(x.device)[i]  # error: GPU013
+                    return x - beta * eps
+
+            def sample(model, schedule, x):
+                for i in reversed(range(schedule.n)):
+                    eps = model(x)
+                    x = schedule.step(x, eps, i)
+                return x
+
+            sample(torch.nn.Linear(4, 4).cuda(), Schedule(), torch.randn(8, 4, device="cuda"))
+            """
+        ),
+        Valid(  # moved once and kept: the attribute is on the device from then on
+            """
+            import torch
+
+            class Schedule:
+                def __init__(self, n=1000):
+                    self.n = n
+                    self.betas = torch.linspace(1e-4, 0.02, n)
+
+                def step(self, x, eps, i):
+                    self.betas = self.betas.to(x.device)
+                    return x - self.betas[i] * eps
+
+            def sample(model, schedule, x):
+                for i in reversed(range(schedule.n)):
+                    eps = model(x)
+                    x = schedule.step(x, eps, i)
+                return x
+
+            sample(torch.nn.Linear(4, 4).cuda(), Schedule(), torch.randn(8, 4, device="cuda"))
+            """
+        ),
     ]
 
     # a 4 MB batch from NumPy every step: pageable blocking copy vs pinned and non-blocking (timed on CUDA)
@@ -385,9 +429,16 @@ class HostDataToDevicePerStep(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         if not self._enabled or any(arg.star for arg in node.args) and self._mapped_device(node) is None:
             return
+        name = method_name(node)
+        if name in ("to", "cuda") and isinstance(node.func, cst.Attribute) and self._host_table(node) \
+                and self._moves_to_device(node, name):
+            if self.ctx.in_hot_region() and not amortised(self.ctx) and not is_test_path(self.ctx.path):
+                self.report(node, "A constant CPU tensor kept on the object is copied to the GPU every step: register "
+                                  "it as a buffer (`self.register_buffer(...)`) or move it to the device once, where "
+                                  "it is built")
+            return
         if self._uploading_helper(node) or not self._constructs:
             return
-        name = method_name(node)
         source: cst.Call | None = None
         if name in ("to", "cuda") and isinstance(node.func, cst.Attribute):
             source = self._host_constructor(node.func.value)
@@ -460,6 +511,20 @@ class HostDataToDevicePerStep(Rule):
         dtype=torch.uint8)`, no `device=`): a replay store indexed on the host."""
         return isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) \
             and dotted_name(value.value.value) == "self" and Placement(self.ctx).of(value.value) == HOST
+
+    def _host_table(self, move: cst.Call) -> bool:
+        """`self.discrete_betas.to(x.device)` where the class builds `self.discrete_betas` on the CPU (a schedule
+        or a mask made once, no `device=`) and the move's result is used, not stored back in its place (`self.mask
+        = self.mask.to(dev)` moves it once)."""
+        value = move.func.value  # type: ignore[attr-defined]
+        if not (isinstance(value, cst.Attribute) and dotted_name(value.value) == "self"
+                and Placement(self.ctx).of(value) == HOST):
+            return False
+        statement = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.SimpleStatementLine)), None)
+        stored_back = statement is not None and any(
+            isinstance(small, cst.Assign) and any(dotted_name(t.target) == dotted_name(value) for t in small.targets)
+            for small in statement.body)
+        return not stored_back
 
     def _uploading_helper(self, node: cst.Call) -> bool:
         """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host

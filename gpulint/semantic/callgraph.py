@@ -390,7 +390,7 @@ def _repeats(loop: ast.AST) -> bool:
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return True
     iterable = loop.iter
-    while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in ("tqdm", "enumerate") \
+    while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNT_KEEPING_WRAPPERS \
             and iterable.args:
         iterable = iterable.args[0]
     return isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNTING_ITERABLES

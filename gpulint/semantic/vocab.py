@@ -35,6 +35,8 @@ TORCH_FACTORIES = frozenset({"zeros", "ones", "full", "empty", "eye", "arange", 
 # a loop that tries something again on failure (`while retries:`, `for attempt in range(3)`): not a rollout
 RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
+# wrappers that keep a counting loop counting (`tqdm(reversed(range(T)))`: a sampler's T steps)
+COUNT_KEEPING_WRAPPERS = frozenset({"tqdm", "enumerate", "reversed", "list"})
 # episode-end flags (`done`, `dones`, `terminated`, `is_terminal`): a branch on them runs once per episode, and as an
 # index into a tensor they can only be a bool mask (0/1 integers would pick rows 0 and 1, floats raise)
 EPISODE_END_NAME = re.compile(r"^(?:is_)?(?:dones?|terminals?|terminated|truncated|game_over|episode_over)$", re.I)
