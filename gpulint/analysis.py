@@ -907,6 +907,7 @@ def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
 
 def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | None) -> None:
     step_functions: set[str] = set(calls.step_names) if calls else set()
+    program_steps = frozenset(step_functions)  # as the call graph found them (steps outside the function's loops)
     rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
     trainers: frozenset[str] = calls.trainer_names if calls else frozenset()
     called = calls.frequencies if calls else {}
@@ -923,7 +924,9 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
         if name in a.compiled_names:
             a.hot[id(fn)] = HotKind.COMPILED
-        direct = region.backward and region.optimizer_step and not region.has_loop
+        # (loops of its own are fine when the call graph saw its backward and optimizer step outside them:
+        # `update_critic` looping over agents to build one loss is still one step per call)
+        direct = region.backward and region.optimizer_step and (not region.has_loop or name in program_steps)
         if direct:
             direct_steps.add(name)
         if direct or region.any_marker and _STEP_FUNCTION_NAME.match(name):
@@ -984,6 +987,7 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
 def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
     names |= {n.attr.value for n in walk(test) if isinstance(n, cst.Attribute)}
+    names -= _tested_against_none(test)  # `if logger is not None:` asks whether a logger was given, not how often
     every, throttled = set(), False
     for key, value in _modulo_divisors(a, test):
         if vocab.every_step(value):
@@ -991,6 +995,17 @@ def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
         else:
             throttled = True
     return vocab.throttles(names - every, throttled)
+
+
+def _tested_against_none(test: cst.BaseExpression) -> set[str]:
+    """Names (last parts) compared with `is None` / `is not None` in the test."""
+    found = set()
+    for node in walk(test):
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and isinstance(
+                node.comparisons[0].operator, (cst.Is, cst.IsNot)) and isinstance(
+                node.comparisons[0].comparator, cst.Name) and node.comparisons[0].comparator.value == "None":
+            found.add(vocab.last_part(dotted_name(node.left)))
+    return found
 
 
 def every_n_steps(a: FileAnalysis, test: cst.BaseExpression) -> bool:

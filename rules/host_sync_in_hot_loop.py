@@ -308,6 +308,28 @@ class HostSyncInHotLoop(Rule):
                 meter.update(loss.item(), time.time() - t0)
             """
         ),
+        Invalid(  # a multi-agent critic update: it loops over agents to build one loss, then steps once, so each
+            # call is one training step; `if logger is not None:` asks whether a logger was given, not how often
+            """
+            import torch
+            class MultiAgentSAC:
+                def update_critic(self, sample, logger=None):
+                    q_loss = 0
+                    for critic, (obs, target) in zip(self.critics, sample):
+                        q_loss += torch.nn.functional.mse_loss(critic(obs.cuda()), target.cuda())
+                    q_loss.backward()
+                    self.critic_optimizer.step()
+                    self.critic_optimizer.zero_grad()
+                    if logger is not None:
+                        logger.add_scalar("losses/q_loss", q_loss, self.niter)  # error: GPU005
+            def run(model, buffer, logger, steps):
+                for t in range(steps):
+                    buffer.push(env_step())
+                    if t % 100 == 0:
+                        for _ in range(4):
+                            model.update_critic(buffer.sample(1024), logger=logger)
+            """
+        ),
         Invalid(  # a synchronize that times nothing (GPU073): the reads around it wait for the GPU all the same
             """
             import math

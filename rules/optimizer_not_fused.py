@@ -19,6 +19,7 @@ from gpulint.builders import add_keyword
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions
 from gpulint.rule import is_test_path
+from gpulint.semantic.placement import HOST, Placement
 from gpulint.semantic.program_text import program_texts
 
 # Adagrad is left out: its fused kernel gained CUDA support only recently (torch 2.11 on an H200 raises
@@ -93,6 +94,17 @@ class OptimizerNotFused(Rule):
     priority = "P2"
     triggers = ("Adam", "SGD")
     examples = [
+        Valid(  # SAC's temperature: one CPU scalar, stepped on the host (`fused=True` would need it on the GPU)
+            """
+            import torch
+            class Agent:
+                def __init__(self, actor, device):
+                    self.actor = actor.to(device)
+                    self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=3e-4, fused=True)
+                    self.log_alpha = torch.tensor([0.0], requires_grad=True)
+                    self.alpha_optimizer = torch.optim.Adam(params=[self.log_alpha], lr=3e-4)
+            """
+        ),
         Valid(  # plain SGD (no momentum): already one kernel per step, fused gains nothing measurable
             """
             import torch
@@ -309,6 +321,9 @@ def _stays_on_cpu(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext
     params = call_arg(call, "params", 0)
     if params is None:
         return False
+    if isinstance(params.value, (cst.List, cst.Tuple)) and params.value.elements and all(
+            Placement(ctx).of(element.value) == HOST for element in params.value.elements):
+        return True  # `Adam([self.log_alpha])` with `log_alpha = torch.zeros(1, requires_grad=True)`: CPU scalars
     receivers = [inner.func.value for inner in walk(params) if isinstance(inner, cst.Call)
                  and method_name(inner) in ("parameters", "named_parameters") and isinstance(inner.func, cst.Attribute)]
     if not receivers or not all(isinstance(r, cst.Name) for r in receivers):

@@ -414,6 +414,10 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
                 has_modulo = True
     names = {n.id for n in pyast.walk(test) if isinstance(n, ast.Name)}
     names |= {n.attr for n in pyast.walk(test) if isinstance(n, ast.Attribute)}
+    # `if logger is not None:` asks whether a logger was given, not how often
+    names -= {vocab.last_part(_dotted(n.left)) for n in pyast.walk(test) if isinstance(n, ast.Compare)
+              and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Is, ast.IsNot))
+              and isinstance(n.comparators[0], ast.Constant) and n.comparators[0].value is None}
     return vocab.throttles(names - every, has_modulo)
 
 
