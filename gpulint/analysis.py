@@ -908,6 +908,8 @@ def _mark_modules(a: FileAnalysis, known_module_classes: set[str]) -> None:
 def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | None) -> None:
     step_functions: set[str] = set(calls.step_names) if calls else set()
     program_steps = frozenset(step_functions)  # as the call graph found them (steps outside the function's loops)
+    loop_trainers = {r.loop_key.rsplit("#", 1)[0] for r in regions if r.any_marker and isinstance(r.node, (
+        cst.For, cst.While))}  # keys of the functions with a loop that trains
     rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
     trainers: frozenset[str] = calls.trainer_names if calls else frozenset()
     called = calls.frequencies if calls else {}
@@ -924,9 +926,11 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
         if name in a.compiled_names:
             a.hot[id(fn)] = HotKind.COMPILED
-        # (loops of its own are fine when the call graph saw its backward and optimizer step outside them:
-        # `update_critic` looping over agents to build one loss is still one step per call)
-        direct = region.backward and region.optimizer_step and (not region.has_loop or name in program_steps)
+        # (loops of its own are fine when the call graph saw its backward and optimizer step outside them and none
+        # of them trains: `update_critic` looping over agents to build one loss is still one step per call, while
+        # an update that also fits a value function in a loop of steps runs once per many steps)
+        direct = region.backward and region.optimizer_step and (not region.has_loop or name in program_steps and (
+            a.function_key.get(id(fn), "") not in loop_trainers))
         if direct:
             direct_steps.add(name)
         if direct or region.any_marker and _STEP_FUNCTION_NAME.match(name):

@@ -330,6 +330,30 @@ class HostSyncInHotLoop(Rule):
                             model.update_critic(buffer.sample(1024), logger=logger)
             """
         ),
+        Valid(  # an on-policy update: it fits the value function in a loop of steps, then takes one policy step,
+            # once per rollout of thousands of environment steps; its losses are read once per update
+            """
+            import torch
+            class VPG:
+                def train_model(self, obs, act, ret, adv):
+                    for _ in range(self.train_vf_iters):
+                        vf_loss = torch.nn.functional.mse_loss(self.vf(obs).squeeze(1), ret)
+                        self.vf_optimizer.zero_grad()
+                        vf_loss.backward()
+                        self.vf_optimizer.step()
+                    policy_loss = -(self.policy(obs, act) * adv).mean()
+                    self.policy_optimizer.zero_grad()
+                    policy_loss.backward()
+                    self.policy_optimizer.step()
+                    self.policy_losses.append(policy_loss.item())
+                def run(self, env, max_step):
+                    obs = env.reset()
+                    for step in range(max_step):
+                        obs, reward, done, _ = env.step(self.act(torch.as_tensor(obs, device="cuda")))
+                        if step % self.sample_size == 0:
+                            self.train_model(*self.buffer.get())
+            """
+        ),
         Invalid(  # a synchronize that times nothing (GPU073): the reads around it wait for the GPU all the same
             """
             import math
