@@ -357,6 +357,26 @@ class HostDataToDevicePerStep(Rule):
             head = Head().cuda()
             """
         ),
+        Invalid(  # a helper converting every batch: a legacy CUDA constructor given a list it just made on the host
+            """
+            import numpy as np
+            import torch
+
+            def to_tensor_var(x, use_cuda=True):
+                FloatTensor = torch.cuda.FloatTensor if use_cuda else torch.FloatTensor
+                x = np.array(x, dtype=np.float64).tolist()
+                return FloatTensor(x)  # error: GPU013
+
+            def train(actor, memory, optimizer, steps):
+                actor.cuda()
+                for _ in range(steps):
+                    states = to_tensor_var(memory.sample(64))
+                    loss = actor(states).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
         Invalid(  # a noise schedule built on the CPU once, copied whole at every one of the sampler's T steps
             """
             import torch
@@ -628,16 +648,16 @@ class HostDataToDevicePerStep(Rule):
             b.kind is BindingKind.UNPACK and isinstance(b.value, cst.Call) and is_env_step(dotted_name(b.value.func))
             for b in bindings)
 
-    @staticmethod
-    def _legacy_data(node: cst.Call) -> bool:
-        """A legacy constructor given data (a list, a NumPy array), not sizes (`torch.cuda.FloatTensor(8, 4)`)."""
+    def _legacy_data(self, node: cst.Call) -> bool:
+        """A legacy constructor given data (a list, a NumPy array), not sizes (`torch.cuda.FloatTensor(8, 4)`);
+        also through a name bound to such data (`x = np.array(x).tolist()`, then `FloatTensor(x)`)."""
         if len(node.args) != 1 or node.args[0].keyword is not None or node.args[0].star:
             return False
         data = node.args[0].value
-        if isinstance(data, (cst.List, cst.ListComp)):
-            return True
-        return isinstance(data, cst.Call) and (
-            (dotted_name(data.func) or "").startswith(("np.", "numpy.")) or method_name(data) in ("numpy", "tolist"))
+        if isinstance(data, cst.Name):
+            bindings = Placement(self.ctx).reaching(data.value)
+            return bool(bindings) and all(b.value is not None and _host_data(b.value) for b in bindings)
+        return _host_data(data)
 
     def _agreement_across_ranks(self, node: cst.Call) -> bool:
         """`t = torch.tensor(flag, device=d)` whose only uses are torch.distributed collectives and reading the
@@ -758,6 +778,14 @@ def _non_blocking(move: cst.Call, ctx) -> str:  # noqa: ANN001 - RuleContext
         call = add_keyword(move, "non_blocking", "True")
     assert isinstance(call.func, cst.Attribute)
     return "." + ctx.code(call.with_changes(func=cst.Name(call.func.attr.value)))
+
+
+def _host_data(data: cst.BaseExpression) -> bool:
+    """A list, or what NumPy makes (`np.array(x)`, `t.numpy()`, `a.tolist()`)."""
+    if isinstance(data, (cst.List, cst.ListComp)):
+        return True
+    return isinstance(data, cst.Call) and (
+        (dotted_name(data.func) or "").startswith(("np.", "numpy.")) or method_name(data) in ("numpy", "tolist"))
 
 
 def _python_scalar(node: cst.BaseExpression) -> bool:
