@@ -43,6 +43,7 @@ _NOT_FORWARD = {"eval", "train", "to", "cuda", "cpu", "parameters", "state_dict"
                 "apply", "half", "float", "double", "bfloat16", "requires_grad_", "add_module", "get_submodule",
                 "get_parameter", "buffers", "save_pretrained", "from_pretrained", "resize_token_embeddings", "append",
                 "extend", "update", "reset", "save", "step", "sample", "seed", "close", "render", "log", "print"}
+_NOT_FORWARD_PREFIXES = ("register_", "named_", "load_", "set_", "_")
 _CALLER_NO_GRAD = r"^([ \t]*)(with\s+[^\n]*\b(no_grad|inference_mode)\s*\(|@[\w.]*\b(no_grad|inference_mode)\b)"
 
 
@@ -332,6 +333,62 @@ class EvalWithoutNoGrad(Rule):
         ),
     ]
     examples = [*examples,
+        Valid(  # REINFORCE: `forward` keeps each step's log-probability for the loss after the episode
+            """
+            import torch
+            from torch import nn
+            from torch.distributions import Categorical
+
+            class ActorCritic(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = nn.Linear(8, 4)
+                    self.logprobs = []
+
+                def forward(self, state):
+                    dist = Categorical(torch.softmax(self.body(torch.from_numpy(state).float()), dim=-1))
+                    action = dist.sample()
+                    self.logprobs.append(dist.log_prob(action))
+                    return action.item()
+
+            def train(env, policy, optimizer):
+                for episode in range(1000):
+                    state = env.reset()
+                    for t in range(10000):
+                        action = policy(state)
+                        state, reward, done, _ = env.step(action)
+                        if done:
+                            break
+                    loss = -torch.stack(policy.logprobs).sum()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
+        Valid(  # loading the shared weights is no forward; the forward itself runs under `no_grad`
+            """
+            import torch
+            from torch import nn
+
+            class ActorCritic(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = nn.Linear(8, 4)
+
+                def forward(self, x):
+                    return self.body(x)
+
+            def test(shared_model, env):
+                model = ActorCritic()
+                state, done = env.reset(), True
+                while True:
+                    if done:
+                        model.load_state_dict(shared_model.state_dict())
+                    with torch.no_grad():
+                        logit = model(state.unsqueeze(0))
+                    state, reward, done, _ = env.step(logit.argmax().item())
+            """
+        ),
         Invalid(  # the network's output is returned to a caller that only reads it back: reported where it runs
             _RETURNED_ACTION, fixed=_decorated(_RETURNED_ACTION),
         ),
@@ -728,6 +785,8 @@ class EvalWithoutNoGrad(Rule):
             if isinstance(call.func, cst.Attribute) and self.ctx.evidence.is_module(call.func.value) is None and \
                     self._method_records(call.func.attr.value):
                 continue  # `agent.select_action(obs)`: a program method of a non-network, judged inside it
+            if self._forward_keeps_outputs():
+                continue  # `self.logprobs.append(...)` in `forward`: the graph is kept for a loss after the episode
             statement = _assigning_statement(region, call)
             if statement is None or not _only_read_as_data(flow, region, statement, readers) \
                     or self._frozen_model(call):
@@ -778,7 +837,7 @@ class EvalWithoutNoGrad(Rule):
             sampling_network = isinstance(func, cst.Attribute) and func.attr.value == "sample" and \
                 self.ctx.evidence.is_module(func.value) is not None  # `self.policy.sample(state)`: a network's method
             if isinstance(func, cst.Attribute) and (func.attr.value not in _NOT_FORWARD or sampling_network) and \
-                    not func.attr.value.startswith(("register_", "named_", "load_", "set_", "_")) and \
+                    not func.attr.value.startswith(_NOT_FORWARD_PREFIXES) and \
                     any(a.keyword is None for a in node.args):
                 receiver = func.value
                 if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and \
@@ -792,8 +851,9 @@ class EvalWithoutNoGrad(Rule):
         """`net.encoder`: an attribute of a value proven a network, named like no method the program defines (so a
         layer or a sub-network the network built, not a helper method)."""
         name = func.attr.value
-        if name in _NOT_FORWARD or name.startswith("_") or self.ctx.evidence.is_module(func.value) is None:
-            return False
+        if name in _NOT_FORWARD or name.startswith(_NOT_FORWARD_PREFIXES) or self.ctx.evidence.is_module(
+                func.value) is None:
+            return False  # (`model.load_state_dict(...)`, `net.register_buffer(...)`: the module's own API)
         return not self._definitions(name)
 
     def _definitions(self, name: str) -> list:
@@ -814,18 +874,24 @@ class EvalWithoutNoGrad(Rule):
             if re.search(r"no_grad|inference_mode", match.group(2)):
                 found = False
                 break
-            indent = match.group(1)
-            rest = text[match.end():]
-            newline = rest.find("\n")
-            rest = rest[newline + 1:] if newline >= 0 else ""
-            end = re.search(r"^" + re.escape(indent) + r"(def|class|@)\b|^\S", rest, re.M)
-            body = rest[:end.start()] if end else rest
-            if re.search(r"no_grad|inference_mode|set_grad_enabled", body):
+            if re.search(r"no_grad|inference_mode|set_grad_enabled", _body(text, match)):
                 found = False
                 break
             found = True
         cache[name] = found
         return found
+
+    def _forward_keeps_outputs(self) -> bool:
+        """Does a network of the program append what its `forward` computes to lists on itself (REINFORCE's
+        `self.logprobs.append(dist.log_prob(action))`)? The action it returns is read as data, but the graph
+        behind the kept values is what the episode's loss backpropagates."""
+        if "_keeps_outputs" not in self.__dict__:
+            self._keeps_outputs = False
+            for path, match in self._definitions("forward"):
+                if re.search(r"\bself\.\w+\.append\(", _body(self.ctx.program.sources.get(path, ""), match)):
+                    self._keeps_outputs = True
+                    break
+        return self._keeps_outputs
 
     def _frozen_model(self, call: cst.Call) -> bool:
         """The called model's parameters are frozen (`model.requires_grad_(False)`, or `p.requires_grad =
@@ -908,6 +974,16 @@ class EvalWithoutNoGrad(Rule):
                 if _inside_no_grad_block(lines, line_no):
                     return True
         return False
+
+
+def _body(text: str, definition: re.Match) -> str:
+    """The body of the function whose `def` line `definition` matched (group 1: its indent), up to the next
+    definition at that indent or the next top-level line."""
+    rest = text[definition.end():]
+    newline = rest.find("\n")
+    rest = rest[newline + 1:] if newline >= 0 else ""
+    end = re.search(r"^" + re.escape(definition.group(1)) + r"(def|class|@)\b|^\S", rest, re.M)
+    return rest[:end.start()] if end else rest
 
 
 def _assigning_statement(region: cst.CSTNode, call: cst.Call) -> cst.SimpleStatementLine | None:

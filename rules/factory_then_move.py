@@ -210,6 +210,22 @@ class FactoryThenMove(Rule):
                         self.d_optimizer.step()
             """
         ),
+        Valid(  # the helper fills its CPU tensor in place with CPU indices before returning it
+            """
+            import numpy as np
+            import torch
+            class Solver:
+                def label2onehot(self, labels, dim):
+                    out = torch.zeros(labels.size(0), dim)
+                    out[np.arange(labels.size(0)), labels.long()] = 1
+                    return out
+                def train(self, loader):
+                    for x, label in loader:
+                        c = self.label2onehot(label, self.c_dim).to(self.device)
+                        self.G(x.to(self.device), c).mean().backward()
+                        self.g_optimizer.step()
+            """
+        ),
         Valid(  # the helper's CPU factory moved once, at set-up: not worth a finding
             """
             import torch

@@ -399,6 +399,28 @@ class HostDataToDevicePerStep(Rule):
             sample(torch.nn.Linear(4, 4).cuda(), Schedule(), torch.randn(8, 4, device="cuda"))
             """
         ),
+        Valid(  # SAC's temperature kept on the CPU and recomputed every update: a value, not a constant table
+            """
+            import torch
+
+            class Agent:
+                def __init__(self, critic, device):
+                    self.device = device
+                    self.critic = critic.to(device)
+                    self.log_alpha = torch.tensor([0.0], requires_grad=True)
+                    self.alpha = self.log_alpha.exp().detach()
+
+                def learn(self, states, next_q):
+                    target = next_q - self.alpha.to(self.device) * 0.1
+                    loss = (self.critic(states) - target).pow(2).mean()
+                    loss.backward()
+                    self.alpha = self.log_alpha.exp().detach()
+
+            def train(agent, memory, steps):
+                for _ in range(steps):
+                    agent.learn(*memory.sample())
+            """
+        ),
         Valid(  # moved once and kept: the attribute is on the device from then on
             """
             import torch
@@ -442,6 +464,7 @@ class HostDataToDevicePerStep(Rule):
         # (or calls a program function returning tensors it built on the host: `check(obs).to(device)`)
         self._constructs = self._enabled and (any(text in current_text(ctx) for text in self.constructors)
                                               or any("#host-batch:" in key for key in ctx.analysis.program_keys))
+        self._reassigned: dict[int, frozenset[str]] = {}  # id(class) -> attributes it assigns outside __init__
         # names of uploading helpers this file calls (`step#uploads:tensor` -> `tensor`): usually none
         self._uploaders = {key.rsplit("#uploads:", 1)[1] for key in ctx.analysis.program_keys
                            if "#uploads:" in key} if self._enabled else set()
@@ -540,11 +563,30 @@ class HostDataToDevicePerStep(Rule):
         if not (isinstance(value, cst.Attribute) and dotted_name(value.value) == "self"
                 and Placement(self.ctx).of(value) == HOST):
             return False
+        if value.attr.value in self._reassigned_attributes():
+            return False  # `self.alpha = self.log_alpha.exp().detach()` every update: a value, not a constant
         statement = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.SimpleStatementLine)), None)
         stored_back = statement is not None and any(
             isinstance(small, cst.Assign) and any(dotted_name(t.target) == dotted_name(value) for t in small.targets)
             for small in statement.body)
         return not stored_back
+
+    def _reassigned_attributes(self) -> frozenset[str]:
+        """`self.<name>` attributes the enclosing class assigns outside `__init__`."""
+        owner = self.ctx.enclosing(cst.ClassDef)
+        if owner is None:
+            return frozenset()
+        if id(owner) not in self._reassigned:
+            names = set()
+            for method in owner.body.body:
+                if isinstance(method, cst.FunctionDef) and method.name.value != "__init__":
+                    names.update(target.attr.value for node in walk(method, into_functions=True)
+                                 if isinstance(node, (cst.Assign, cst.AugAssign))
+                                 for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign)
+                                                else [node.target])
+                                 if isinstance(target, cst.Attribute) and dotted_name(target.value) == "self")
+            self._reassigned[id(owner)] = frozenset(names)
+        return self._reassigned[id(owner)]
 
     def _uploading_helper(self, node: cst.Call) -> bool:
         """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host

@@ -1041,11 +1041,16 @@ def _returns_factory_tensor(returned: list[ast.expr], assigns: list[ast.Assign])
     caller's `.to(device)` of it copies what the device could have made itself."""
     bound = {target.id: assign.value for assign in assigns for target in assign.targets
              if isinstance(target, ast.Name)}
+    # `out = torch.zeros(n, d); out[rows, labels] = 1; return out`: filled on the host, a different trade-off
+    written = {target.value.id for assign in assigns for target in assign.targets
+               if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)}
     if not returned:
         return False
     for value in returned:
         value = _shape_kept(value)
         if isinstance(value, ast.Name):
+            if value.id in written:
+                return False
             value = _shape_kept(bound.get(value.id, value))
         if not (isinstance(value, ast.Call) and not any(k.arg == "device" for k in value.keywords)
                 and (_dotted(value.func) or "").split(".")[0] == "torch"
