@@ -421,28 +421,6 @@ class HostDataToDevicePerStep(Rule):
                     agent.learn(*memory.sample())
             """
         ),
-        Valid(  # moved once and kept: the attribute is on the device from then on
-            """
-            import torch
-
-            class Schedule:
-                def __init__(self, n=1000):
-                    self.n = n
-                    self.betas = torch.linspace(1e-4, 0.02, n)
-
-                def step(self, x, eps, i):
-                    self.betas = self.betas.to(x.device)
-                    return x - self.betas[i] * eps
-
-            def sample(model, schedule, x):
-                for i in reversed(range(schedule.n)):
-                    eps = model(x)
-                    x = schedule.step(x, eps, i)
-                return x
-
-            sample(torch.nn.Linear(4, 4).cuda(), Schedule(), torch.randn(8, 4, device="cuda"))
-            """
-        ),
     ]
 
     # a 4 MB batch from NumPy every step: pageable blocking copy vs pinned and non-blocking (timed on CUDA)
@@ -556,20 +534,15 @@ class HostDataToDevicePerStep(Rule):
             and dotted_name(value.value.value) == "self" and Placement(self.ctx).of(value.value) == HOST
 
     def _host_table(self, move: cst.Call) -> bool:
-        """`self.discrete_betas.to(x.device)` where the class builds `self.discrete_betas` on the CPU (a schedule
-        or a mask made once, no `device=`) and the move's result is used, not stored back in its place (`self.mask
-        = self.mask.to(dev)` moves it once)."""
+        """`self.discrete_betas.to(x.device)` where the class builds `self.discrete_betas` on the CPU in `__init__`
+        (a schedule or a mask made once, no `device=`) and assigns it nowhere else."""
         value = move.func.value  # type: ignore[attr-defined]
         if not (isinstance(value, cst.Attribute) and dotted_name(value.value) == "self"
                 and Placement(self.ctx).of(value) == HOST):
             return False
-        if value.attr.value in self._reassigned_attributes():
-            return False  # `self.alpha = self.log_alpha.exp().detach()` every update: a value, not a constant
-        statement = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.SimpleStatementLine)), None)
-        stored_back = statement is not None and any(
-            isinstance(small, cst.Assign) and any(dotted_name(t.target) == dotted_name(value) for t in small.targets)
-            for small in statement.body)
-        return not stored_back
+        # (not `self.alpha = self.log_alpha.exp().detach()` every update, a value; nor `self.mask =
+        # self.mask.to(dev)`, moved once and kept)
+        return value.attr.value not in self._reassigned_attributes()
 
     def _reassigned_attributes(self) -> frozenset[str]:
         """`self.<name>` attributes the enclosing class assigns outside `__init__`."""
