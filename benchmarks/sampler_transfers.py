@@ -2,8 +2,8 @@
 
     python benchmarks/sampler_transfers.py [--steps 1000] [--batch 16] [--size 32] [--repeat 5]
 
-The shape gpulint reports in diffusion samplers (ten development repositories of the accuracy benchmark have it):
-every denoising step builds its timestep tensor on the CPU and copies it over, `(torch.ones(n) * i).long().to(dev)`
+The shape gpulint reports in diffusion samplers of the accuracy benchmark's development repositories: every
+denoising step builds its timestep tensor on the CPU and copies it over, `(torch.ones(n) * i).long().to(dev)`
 (GPU015), and reads a noise schedule kept as a CPU tensor on the sampler, `self.betas.to(x.device)[t]` (GPU013).
 Each copy from pageable memory makes the host wait until the GPU has drained the work queued before it, so the
 host can no longer run ahead of the GPU. The fixed loop makes the timestep on the device (`torch.full(...,
