@@ -991,7 +991,13 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
 def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
     names |= {n.attr.value for n in walk(test) if isinstance(n, cst.Attribute)}
-    names -= _tested_against_none(test)  # `if logger is not None:` asks whether a logger was given, not how often
+    # `if logger is not None:` asks whether a logger was given, not how often; `if not load_checkpoint:` and `if not
+    # done:` hold on the common path
+    names -= _tested_against_none(test) | {n.value for node in walk(test) if isinstance(node, cst.UnaryOperation)
+                                           and isinstance(node.operator, cst.Not)
+                                           for n in walk(node.expression) if isinstance(n, cst.Name)} | {
+        n.attr.value for node in walk(test) if isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Not) for n in walk(node.expression) if isinstance(n, cst.Attribute)}
     every, throttled = set(), False
     for key, value in _modulo_divisors(a, test):
         if vocab.every_step(value):

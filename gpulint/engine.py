@@ -285,11 +285,17 @@ def _hooks(rule: type[Rule]) -> tuple[str, ...]:
 def might_match(text: str, rules: Iterable[type[Rule]]) -> list[type[Rule]]:
     """Rules whose cheap text triggers occur in `text` (no trigger: always run). A file that names neither torch
     nor CUDA (nor `Tensor`, `nn.`, the `TORCH*`/`CUBLAS*` settings) and calls no `.to(`, `.item(` or
-    `.backward(` (a training helper need not import torch) is no PyTorch code: no built-in rule runs on it
+    `.backward(` (a training helper need not import torch) is no PyTorch code: no built-in rule runs on it but,
+    when it is a script (a `__main__` block or a top-level loop), those reported at a program's training entry
     (rules defined elsewhere, e.g. in a plugin, decide by their own triggers)."""
     pytorch = _PYTORCH_TEXT.search(text) is not None
-    return [r for r in rules if (pytorch or not r.__module__.startswith(_BUILTIN_RULES))
+    entry = not pytorch and _ENTRY_TEXT.search(text) is not None
+    return [r for r in rules if (pytorch or entry and r.at_training_entry or not r.__module__.startswith(_BUILTIN_RULES))
             and (not r.triggers or any(t in text for t in r.triggers))]
+
+
+# A script's entry: a `__main__` block or a loop at the top level
+_ENTRY_TEXT = re.compile(r"__main__|^(?:for|while)\b", re.M)
 
 
 _BUILTIN_RULES = "gpulint.rules."

@@ -126,6 +126,9 @@ class Rule:
     triggers: ClassVar[tuple[str, ...]] = ()
     # The waste it finds costs on a CPU too (autograd recording): it also runs on programs that train on CPUs
     on_cpu_too: ClassVar[bool] = False
+    # Reported at a program's training entry, which may be a script that only calls first-party PyTorch code and
+    # names no torch itself (`agent.learn()` in `main.py`): it also runs on files that are no PyTorch code
+    at_training_entry: ClassVar[bool] = False
     options: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

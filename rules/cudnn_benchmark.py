@@ -8,6 +8,7 @@ from gpulint import HotKind, Invalid, Rule, Safety, Severity, Valid
 from gpulint.analysis import CUDA_OR_ACCELERATOR_TEXT
 from gpulint.program import mentions
 from gpulint.rule import is_test_path
+from gpulint.semantic.precision import in_code
 from gpulint.semantic.program_text import imported_texts, program_texts
 
 _CONV = re.compile(
@@ -71,6 +72,7 @@ class CudnnBenchmark(Rule):
     safety = Safety.SUGGEST
     priority = "P3"
     default_enabled = False
+    at_training_entry = True
     # no text triggers: the training loop may sit in a file that names neither the network (built in another
     # file) nor a backward pass (`agent.update(...)` trains in another file)
     examples = [
@@ -81,6 +83,17 @@ class CudnnBenchmark(Rule):
             torch.backends.cudnn.benchmark = True
             model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()).cuda()
             for x, y in loader:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(  # the only mention of the setting is commented out: it sets nothing
+            """
+            import torch
+            import torch.nn as nn
+            # torch.backends.cudnn.benchmark = False  # It harms performance.
+            model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()).cuda()
+            for x, y in loader:  # error: GPU033
                 model(x.cuda()).sum().backward()
                 optimizer.step()
             """
@@ -160,7 +173,8 @@ class CudnnBenchmark(Rule):
         if is_test_path(self.ctx.path) or not any(mentions(_CONV, t) for t in conv_texts) \
                 or not _trains_on_cuda(self.ctx, texts):
             return
-        if any(mentions(_BENCHMARK, t) or mentions(_DETERMINISTIC, t) for t in texts):
+        # in code: a commented-out `torch.backends.cudnn.benchmark = False` sets nothing
+        if any(in_code(_BENCHMARK, t) or in_code(_DETERMINISTIC, t) for t in texts):
             return
         self.report(node)
 

@@ -95,6 +95,7 @@ class Tf32NotEnabled(Rule):
     safety = Safety.UNSAFE
     priority = "P1"
     triggers = ("backward", ".step(", "__main__")  # an entry script may only call the training loop
+    at_training_entry = True
     examples = [
         Valid(
             """

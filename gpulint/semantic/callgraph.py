@@ -414,10 +414,14 @@ def _throttling(test: ast.expr, constants: dict[str, int]) -> bool:
                 has_modulo = True
     names = {n.id for n in pyast.walk(test) if isinstance(n, ast.Name)}
     names |= {n.attr for n in pyast.walk(test) if isinstance(n, ast.Attribute)}
-    # `if logger is not None:` asks whether a logger was given, not how often
+    # `if logger is not None:` asks whether a logger was given, not how often; `if not load_checkpoint:` and `if not
+    # done:` hold on the common path
     names -= {vocab.last_part(_dotted(n.left)) for n in pyast.walk(test) if isinstance(n, ast.Compare)
               and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Is, ast.IsNot))
               and isinstance(n.comparators[0], ast.Constant) and n.comparators[0].value is None}
+    names -= {n.id if isinstance(n, ast.Name) else n.attr for node in pyast.walk(test)
+              if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
+              for n in pyast.walk(node.operand) if isinstance(n, (ast.Name, ast.Attribute))}
     return vocab.throttles(names - every, has_modulo)
 
 
