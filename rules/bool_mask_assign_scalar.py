@@ -79,6 +79,28 @@ class BoolMaskAssignScalar(Rule):
                     return scores.masked_fill(pad == 0, float("-inf")).softmax(-1)
             """
         ),
+        Valid(  # probabilities read back to the CPU (`.cpu()`) and masked there: the nonzero runs on the host
+            """
+            import torch
+            class COMA:
+                def get_action_prob(self, batch, epsilon):
+                    avail_actions = batch["avail_u"]
+                    action_prob = []
+                    for t in range(batch["o"].shape[1]):
+                        action_prob.append(torch.softmax(self.eval_rnn(batch["o"][:, t].cuda()), dim=-1))
+                    action_prob = torch.stack(action_prob, dim=1).cpu()
+                    action_num = avail_actions.sum(dim=-1, keepdim=True).float()
+                    action_prob = (1 - epsilon) * action_prob + torch.ones_like(action_prob) * epsilon / action_num
+                    action_prob[avail_actions == 0] = 0.0
+                    return action_prob.cuda()
+                def train(self, batch, steps):
+                    for _ in range(steps):
+                        loss = -self.get_action_prob(batch, 0.1).log().mean()
+                        self.optimizer.zero_grad()
+                        loss.backward()
+                        self.optimizer.step()
+            """
+        ),
         Valid(  # NumPy array in an RL loop
             """
             import numpy as np

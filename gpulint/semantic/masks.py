@@ -24,7 +24,7 @@ from gpulint.analysis import (
 )
 from gpulint.rule import RuleContext
 from gpulint.semantic import vocab
-from gpulint.semantic.placement import TENSOR_PRESERVING_METHODS, Placement
+from gpulint.semantic.placement import HOST, TENSOR_PRESERVING_METHODS, Placement
 
 
 @dataclass(frozen=True)
@@ -631,8 +631,10 @@ def hot_mask_assignment(ctx: RuleContext, node: cst.Assign) -> MaskAssignment | 
     if receiver_is_tensor is None:
         return None
     placement = Placement(ctx)
-    if placement.built_on_host(target.value) or placement.built_on_host(layout.mask):
-        return None  # a tensor or mask this code made on the CPU: the nonzero runs on the host, no GPU sync
+    if placement.built_on_host(target.value) or placement.built_on_host(layout.mask) \
+            or placement.of(target.value) == HOST:
+        return None  # a tensor or mask this code made on the CPU (or read back, `.cpu()`): the nonzero runs on the
+        # host, no GPU sync
     return MaskAssignment(target.value, layout, confidence, receiver_is_tensor)
 
 
