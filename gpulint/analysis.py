@@ -991,13 +991,7 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
 def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
     names |= {n.attr.value for n in walk(test) if isinstance(n, cst.Attribute)}
-    # `if logger is not None:` asks whether a logger was given, not how often; `if not load_checkpoint:` and `if not
-    # done:` hold on the common path
-    names -= _tested_against_none(test) | {n.value for node in walk(test) if isinstance(node, cst.UnaryOperation)
-                                           and isinstance(node.operator, cst.Not)
-                                           for n in walk(node.expression) if isinstance(n, cst.Name)} | {
-        n.attr.value for node in walk(test) if isinstance(node, cst.UnaryOperation)
-        and isinstance(node.operator, cst.Not) for n in walk(node.expression) if isinstance(n, cst.Attribute)}
+    names -= _not_throttling_names(test)
     every, throttled = set(), False
     for key, value in _modulo_divisors(a, test):
         if vocab.every_step(value):
@@ -1007,14 +1001,19 @@ def _throttling_test(a: FileAnalysis, test: cst.BaseExpression) -> bool:
     return vocab.throttles(names - every, throttled)
 
 
-def _tested_against_none(test: cst.BaseExpression) -> set[str]:
-    """Names (last parts) compared with `is None` / `is not None` in the test."""
+def _not_throttling_names(test: cst.BaseExpression) -> set[str]:
+    """Names in the test that say nothing of how often its body runs: one compared with `None` (`if logger is not
+    None:` asks whether a logger was given) and those under a `not` (`if not load_checkpoint:`, `if not done:` hold
+    on the common path)."""
     found = set()
     for node in walk(test):
         if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and isinstance(
                 node.comparisons[0].operator, (cst.Is, cst.IsNot)) and isinstance(
                 node.comparisons[0].comparator, cst.Name) and node.comparisons[0].comparator.value == "None":
             found.add(vocab.last_part(dotted_name(node.left)))
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            found.update(n.value if isinstance(n, cst.Name) else n.attr.value for n in walk(node.expression)
+                         if isinstance(n, (cst.Name, cst.Attribute)))
     return found
 
 

@@ -429,6 +429,10 @@ class FactoryThenMove(Rule):
         super().__init__(ctx)
         self._reported_factories: set[int] = set()
         self._writes: dict[int, list[tuple[int, str]]] = {}  # scope -> in-place writes (order, name)
+        # names of the helpers this file calls that return their argument moved to a device: usually none, so most
+        # calls are passed over by one set lookup
+        self._argument_movers = {key.rsplit("#moves-argument:", 1)[1] for key in ctx.analysis.program_keys
+                                 if "#moves-argument:" in key}
 
     def visit_Call(self, node: cst.Call) -> None:
         name = method_name(node)
@@ -544,9 +548,9 @@ class FactoryThenMove(Rule):
         """`z = self.to_gpu(torch.randn(b, 100))` in the step, the helper returning its argument moved to a device:
         reported at the factory (directly the argument, or bound once to the name passed); no fix, the helper
         decides the device."""
-        if not node.args or node.args[0].keyword is not None or node.args[0].star or is_test_path(self.ctx.path) \
-                or not self.ctx.in_hot_region() or amortised(self.ctx, plainly=True) \
-                or not Placement(self.ctx).moves_argument(node):
+        if last_name(node.func) not in self._argument_movers or not node.args or node.args[0].keyword is not None \
+                or node.args[0].star or is_test_path(self.ctx.path) or not self.ctx.in_hot_region() \
+                or amortised(self.ctx, plainly=True) or not Placement(self.ctx).moves_argument(node):
             return
         factory = node.args[0].value
         if isinstance(factory, cst.Name):

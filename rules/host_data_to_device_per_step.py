@@ -442,7 +442,6 @@ class HostDataToDevicePerStep(Rule):
         # (or calls a program function returning tensors it built on the host: `check(obs).to(device)`)
         self._constructs = self._enabled and (any(text in current_text(ctx) for text in self.constructors)
                                               or any("#host-batch:" in key for key in ctx.analysis.program_keys))
-        self._reassigned: dict[int, frozenset[str]] = {}  # id(class) -> attributes it assigns outside __init__
         # names of uploading helpers this file calls (`step#uploads:tensor` -> `tensor`): usually none
         self._uploaders = {key.rsplit("#uploads:", 1)[1] for key in ctx.analysis.program_keys
                            if "#uploads:" in key} if self._enabled else set()
@@ -542,24 +541,23 @@ class HostDataToDevicePerStep(Rule):
             return False
         # (not `self.alpha = self.log_alpha.exp().detach()` every update, a value; nor `self.mask =
         # self.mask.to(dev)`, moved once and kept)
-        return value.attr.value not in self._reassigned_attributes()
+        return not self._assigned_outside_init(value.attr.value)
 
-    def _reassigned_attributes(self) -> frozenset[str]:
-        """`self.<name>` attributes the enclosing class assigns outside `__init__`."""
-        owner = self.ctx.enclosing(cst.ClassDef)
-        if owner is None:
-            return frozenset()
-        if id(owner) not in self._reassigned:
-            names = set()
-            for method in owner.body.body:
-                if isinstance(method, cst.FunctionDef) and method.name.value != "__init__":
-                    names.update(target.attr.value for node in walk(method, into_functions=True)
-                                 if isinstance(node, (cst.Assign, cst.AugAssign))
-                                 for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign)
-                                                else [node.target])
-                                 if isinstance(target, cst.Attribute) and dotted_name(target.value) == "self")
-            self._reassigned[id(owner)] = frozenset(names)
-        return self._reassigned[id(owner)]
+    def _assigned_outside_init(self, attribute: str) -> bool:
+        """Does the enclosing class assign `self.<attribute>` anywhere but in `__init__`? (From the bindings the
+        analysis records for the class: each at its statement's order, which falls inside `__init__`'s span or not.)"""
+        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
+        if info is None:
+            return False
+        order, body = self.ctx.analysis.order, list(info.node.body.body)
+        init = next((i for i, m in enumerate(body) if isinstance(m, cst.FunctionDef) and m.name.value == "__init__"),
+                    None)
+        bindings = info.attrs.get(attribute, ())
+        if init is None:
+            return bool(bindings)
+        start = order.get(id(body[init]), -1)
+        end = order.get(id(body[init + 1]), 1 << 30) if init + 1 < len(body) else 1 << 30
+        return any(not start < binding.order < end for binding in bindings)
 
     def _uploading_helper(self, node: cst.Call) -> bool:
         """`tensor(transitions.state)` where the program's `tensor()` builds a tensor from its argument on the host

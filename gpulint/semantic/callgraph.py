@@ -306,16 +306,24 @@ def _iterator_names(assigns: list[ast.Assign]) -> dict[str, list[tuple[str, ...]
     the wrapper iterates (`_loop_sources`)."""
     found: dict[str, list[tuple[str, ...]]] = {}
     for assign in assigns:
-        for target in assign.targets:  # also `total, bar = 0.0, tqdm(loader)`, element by element
-            pairs = zip(target.elts, assign.value.elts) if isinstance(target, ast.Tuple) and isinstance(
-                assign.value, ast.Tuple) and len(target.elts) == len(assign.value.elts) else [(target, assign.value)]
-            for name, value in pairs:
-                if isinstance(name, ast.Name) and isinstance(value, ast.Call) \
-                        and vocab.last_part(_dotted(value.func)) in _ITERATING_WRAPPERS:
-                    sources = [source for source in _loop_sources(value) if source[0] == "value"]
-                    if sources:
-                        found.setdefault(name.id, []).extend(sources)
+        for name, value in _assigned_pairs(assign):  # also `total, bar = 0.0, tqdm(loader)`
+            if isinstance(name, ast.Name) and isinstance(value, ast.Call) \
+                    and vocab.last_part(_dotted(value.func)) in _ITERATING_WRAPPERS:
+                sources = [source for source in _loop_sources(value) if source[0] == "value"]
+                if sources:
+                    found.setdefault(name.id, []).extend(sources)
     return found
+
+
+def _assigned_pairs(assign: ast.Assign) -> Iterator[tuple[ast.expr, ast.expr]]:
+    """(target, value) of each target of an assignment, element by element where a tuple is assigned a tuple of
+    the same length (`a, b = x, y`)."""
+    for target in assign.targets:
+        if isinstance(target, ast.Tuple) and isinstance(assign.value, ast.Tuple) \
+                and len(target.elts) == len(assign.value.elts):
+            yield from zip(target.elts, assign.value.elts)
+        else:
+            yield target, assign.value
 
 
 def _unwrapped(iterable: ast.expr) -> ast.expr:
@@ -1023,12 +1031,9 @@ def _returns_host_tensors(returned: list[ast.expr], assigns: list[ast.Assign]) -
     caller's `.to(device)` of them copies host memory."""
     built: dict[str, bool] = {}
     for assign in reversed(assigns):  # statement order (the walk collected them last first)
-        for target in assign.targets:
-            pairs = zip(target.elts, assign.value.elts) if isinstance(target, ast.Tuple) and isinstance(
-                assign.value, ast.Tuple) and len(target.elts) == len(assign.value.elts) else [(target, assign.value)]
-            for name, value in pairs:
-                if isinstance(name, ast.Name):
-                    built[name.id] = _builds_on_host(value) or isinstance(value, ast.Name) and built.get(value.id, False)
+        for name, value in _assigned_pairs(assign):
+            if isinstance(name, ast.Name):
+                built[name.id] = _builds_on_host(value) or isinstance(value, ast.Name) and built.get(value.id, False)
     for value in returned:
         elements = value.elts if isinstance(value, (ast.Tuple, ast.List)) else [value]
         verdicts = [_builds_on_host(e) or isinstance(base := _shape_kept(e), ast.Name) and built.get(base.id, False)
