@@ -363,24 +363,42 @@ def _ungated_autocast(text: str, switches: frozenset[str]) -> bool:
 
 
 def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
-    """The switch (`--use_amp`) when the program's mixed precision is opt-in: its argument parser declares a
-    precision switch off by default and no launch script or document of the project passes it. The default run
-    then trains in fp32, whatever autocast or `.half()` the code holds behind the switch."""
+    """The switch (`--use_amp`) or setting (`fp16_run`) when the program's mixed precision is opt-in: its argument
+    parser declares a precision switch off by default and the project's documented run does not pass it, or (with no
+    such switch) the code is gated by a setting declared off that nothing turns on. The default run then trains in
+    fp32, whatever autocast or `.half()` the code holds behind the switch."""
     switches = [switch for text in texts.values() for switch in _switches_off_by_default(text)]
     if not switches:
-        return None
+        # a setting rather than a switch: `if hparams.fp16_run:` with `fp16_run=False` and nothing turning it on
+        setting = next((name for name in sorted({m.group(1) for text in texts.values()
+                                                 for m in _PRECISION_GATE.finditer(text)})
+                        if option_off_by_default(ctx, texts, name)), None)
+        if setting is None or any(_ungated_autocast(text, frozenset([setting])) for text in texts.values()):
+            return None
+        return setting
     names = {switch.lstrip("-").replace("-", "_") for switch in switches}
     if any(_ungated_autocast(text, frozenset(names)) for text in texts.values()):
         return None  # an autocast the switch does not control: mixed precision whatever the switch says
     return None if _passed_at_launch(ctx, switches) else switches[0]
 
 
+# `if hparams.fp16_run:` / `if cfg.use_amp:` / `if fp16:`: a setting that gates the mixed-precision code
+_PRECISION_GATE = re.compile(r"^[ \t]*(?:el)?if\s+(?:[\w.]+\.)?((?:\w+_)?(?:amp|fp16|bf16|half|mixed_precision)(?:_\w+)?)"
+                             r"\s*:", re.M | re.I)
+
+
 def _passed_at_launch(ctx, switches: list[str]) -> bool:
-    """Does a launch script or document of the project pass one of `switches` (not as `--x 0` / `--x=False`)?"""
+    """Does the project's documented run pass one of `switches` (not as `--x 0` / `--x=False`)? When its launch
+    scripts and documents run this script both with and without the switch, the run without it is the default and
+    the switch is an option: not passed."""
     folders = [str(Path(path).resolve().parent) for path in program_index(ctx).paths] or [ctx.path]
     launches = _launch_texts(str(Path(ctx.path).resolve().parent), os.path.commonpath(folders))
-    return any(re.search(re.escape(switch) + r"(?![\w-])(?!\s*[= ]\s*(?:False|false|0)\b)", launches)
-               for switch in switches)
+    passing = [re.compile(re.escape(switch) + r"(?![\w-])(?!\s*[= ]\s*(?:False|false|0)\b)") for switch in switches]
+    if not any(pattern.search(launches) for pattern in passing):
+        return False
+    script = re.compile(rf"(?<![\w.-]){re.escape(Path(ctx.path).name)}\b")
+    runs = [command for command in re.sub(r"\\[ \t]*\r?\n", " ", launches).splitlines() if script.search(command)]
+    return not any(all(not pattern.search(command) for pattern in passing) for command in runs)
 
 
 def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
