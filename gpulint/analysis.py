@@ -224,6 +224,14 @@ _DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_da
 LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
 
 
+def legacy_sized_allocation(call: cst.Call, qualified: str) -> bool:
+    """`torch.FloatTensor(n, d)`: a legacy CPU constructor given two or more sizes allocates an uninitialized tensor
+    (given data, it takes one sequence)."""
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return LEGACY_HOST_TENSOR.fullmatch(qualified) is not None and len(positional) >= 2 and not any(
+        arg.star or isinstance(arg.value, (cst.List, cst.Tuple, cst.ListComp)) for arg in positional)
+
+
 def _mapping_entry(value: cst.BaseExpression | None, keyword: str) -> cst.BaseExpression | None:
     """`v` of `dict(keyword=v)` or `{"keyword": v}`."""
     if isinstance(value, cst.Call) and dotted_name(value.func) == "dict":

@@ -334,9 +334,9 @@ def related_targets_cuda(ctx) -> bool:
 _SHARES_MEMORY = re.compile(r"\.share_memory\(\)")
 _PROCESS = re.compile(r"\bProcess\b")  # a worker process: `class Worker(mp.Process)`, `mp.Process(target=...)`
 # a network moved to a GPU: `.cuda(`, a module moving itself (`self.to(...)`), or `.to(` on a name that says it is
-# a network
-_NETWORK_TO_GPU = re.compile(r"\.cuda\(|\bself\.to\(|\b\w*(model|net|network|policy|actor|critic|agent)\w*\.to\(",
-                             re.I)
+# a network or on what is assigned to one (`learner_model = Net(shape).to(device=flags.device)`)
+_NETWORK_TO_GPU = re.compile(r"\.cuda\(|\bself\.to\(|\b\w*(model|net|network|policy|actor|critic|agent)\w*"
+                             r"(\.to\(|\s*=(?!=)\s*[\w.]+\((?:[^()]|\([^()]*\))*\)\s*\.to\()", re.I)
 
 
 def hogwild_program(ctx) -> bool:

@@ -5,7 +5,8 @@ import re
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import LEGACY_HOST_TENSOR, BindingKind, call_arg, dotted_name, is_numeric_literal, method_name, walk
+from gpulint.analysis import (LEGACY_HOST_TENSOR, BindingKind, call_arg, dotted_name, is_numeric_literal,
+                              legacy_sized_allocation, method_name, walk)
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic import vocab
@@ -381,6 +382,18 @@ class FactoryThenMove(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # an uninitialized legacy CPU tensor of given sizes, moved and then zeroed, in every update
+            """
+            import torch
+            for states, actions in minibatches:
+                onehot = torch.FloatTensor(len(actions), n_actions).to(device)
+                onehot.zero_()
+                onehot.scatter_(1, actions.view(-1, 1), 1)
+                loss = forward_model(states, onehot).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Invalid(  # two statements in the training step: reported at the factory, no fix (the move is conditional)
             """
             import torch
@@ -448,6 +461,11 @@ class FactoryThenMove(Rule):
                     and self._move(node, name) is not None:
                 self.report(node, note="allocate it on the device and fill it there: "
                                        "`torch.empty(shape, device=...).uniform_(a, b)`")
+                return
+            if isinstance(factory, cst.Call) and legacy_sized_allocation(factory, self.ctx.qualname(factory.func) or "") \
+                    and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) and self._move(node, name) is not None:
+                self.report(node, note="allocate it on the device: `torch.empty(sizes, device=...)` (or `torch.zeros` "
+                                       "when it is zeroed next)")
                 return
             if self._cpu_noise(factory) and self.ctx.in_hot_region() and not is_test_path(self.ctx.path) \
                     and self._move(node, name) is not None:

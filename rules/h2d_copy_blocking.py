@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from gpulint import Device, Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import call_arg, dotted_name, has_star_args, method_name, walk
+from gpulint.analysis import call_arg, dotted_name, has_star_args, legacy_sized_allocation, method_name, walk
 from gpulint.builders import add_keyword
 from gpulint.rule import is_test_path
 from gpulint.semantic.placement import READ_BACK_METHODS, TENSOR, Placement, amortised, at_episode_end
@@ -370,8 +370,10 @@ class H2dCopyBlocking(Rule):
             return  # an inference-only forward (`@torch.no_grad()`), or a validation pass every N steps
         assert isinstance(node.func, cst.Attribute)
         evidence = self.ctx.evidence
-        if not evidence.is_cpu_source(node.func.value):
-            return
+        source = node.func.value
+        if not evidence.is_cpu_source(source) or isinstance(source, cst.Call) and legacy_sized_allocation(
+                source, self.ctx.qualname(source.func) or ""):
+            return  # an uninitialized `torch.FloatTensor(n, d)` has nothing to copy: GPU015 allocates it on the device
         if name == "type":
             pass  # a CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`): a copy to the GPU
         elif name == "to":

@@ -6,7 +6,7 @@ import libcst as cst
 
 from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import (LEGACY_HOST_TENSOR, Binding, BindingKind, call_arg, dotted_name, is_numeric_literal,
-                              method_name, walk)
+                              legacy_sized_allocation, method_name, walk)
 from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.program import current_text
 from gpulint.rule import is_test_path
@@ -124,6 +124,16 @@ class HostDataToDevicePerStep(Rule):
             """
             import torch
             table = torch.from_numpy(np.load("table.npy")).to("cuda")
+            """
+        ),
+        Valid(  # sizes, not host data: an uninitialized allocation (GPU015's case)
+            """
+            import torch
+            for states, actions in minibatches:
+                onehot = torch.FloatTensor(len(actions), n_actions).to(device)
+                loss = forward_model(states, onehot.zero_()).mean()
+                loss.backward()
+                optimizer.step()
             """
         ),
         Valid(  # already a device tensor
@@ -707,7 +717,8 @@ class HostDataToDevicePerStep(Rule):
             return self._host_constructor(node.args[0].value, follow_name)
         if last in _GATHERS and node.args and self._gathered_on_host(node.args[0].value):
             return node
-        if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None:
+        if last in _TENSOR_CONSTRUCTORS and call_arg(node, "device") is None \
+                and not legacy_sized_allocation(node, qual):  # sizes, not host data: GPU015's case
             return node
         return None
 

@@ -208,10 +208,15 @@ HOGWILD_WORKER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("move", "findings"), [("", False), (".cuda()", True)])
+@pytest.mark.parametrize(("move", "findings"), [
+    ("", False),
+    (".cuda()", True),
+    # IMPALA: CPU actors share one copy, the learner trains another on the GPU (built over several lines)
+    ("\n    learner_model = net_cls(\n        n_workers,\n    ).to(device=torch.device('cuda'))", True),
+])
 def test_hogwild_cpu_workers_get_no_gpu_findings(tmp_path: Path, move: str, findings: bool):
     """A3C's Hogwild workers train a network in shared memory on the CPU: its `.to(self.device)` copies nothing.
-    Moving the shared network to a GPU makes it a GPU program again."""
+    Moving the shared network, or another network of the program, to a GPU makes it a GPU program again."""
     from gpulint.runner import run
 
     (tmp_path / "a3c.py").write_text(HOGWILD_AGENT.format(move=move))
