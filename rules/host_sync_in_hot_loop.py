@@ -128,8 +128,8 @@ class HostSyncInHotLoop(Rule):
     Finds operations that copy a GPU tensor's value to the host inside the training step or a model's
     `forward`: `.item()`, `.tolist()`, `.cpu()`, `.to("cpu")`, `float(t)` / `int(t)` / `bool(t)`, and
     printing or formatting a tensor (`print(loss)`, `f"{loss}"`, `"%f" % loss`, `logger.info(..., loss)`,
-    `writer.add_scalar(tag, loss)`, `writer.add_histogram(tag, logits)`). It fires only on values with tensor evidence in a program that uses
-    CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
+    `writer.add_scalar(tag, loss)`, `writer.add_histogram(tag, logits)`), and the pre-0.4 `loss.data[0]` on a
+    loss or a reduction. It fires only on values with tensor evidence in a program that uses CUDA; values the code keeps on the CPU (NumPy arrays, Python numbers, DataLoader batches not yet moved,
     results of an earlier `.item()`) are not syncs and are ignored. Code in `if step % N == 0:` blocks and
     evaluation passes over a loader outside the training step is not reported; an evaluation loop nested in
     the training loop, or a `@torch.no_grad()` function called per step, gets an informational finding.
@@ -194,7 +194,7 @@ class HostSyncInHotLoop(Rule):
     safety = Safety.UNSAFE
     priority = "P1"
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
-                ".format(", "log", "add_scalar", "add_histogram", "numpy(", "math.")
+                ".format(", "log", "add_scalar", "add_histogram", "numpy(", "math.", ".data[0]")
     examples = [
         Valid(  # read only when the caller's flag says so, and the flag is set every 100 steps
             """
@@ -215,6 +215,30 @@ class HostSyncInHotLoop(Rule):
                     else:
                         details = False
                     update(model, batch, optimizer, details)
+            """
+        ),
+        Valid(  # pre-0.4 code: `.data[0]` of a batch is its first row, not a read (only scalars are read that way)
+            """
+            import torch
+            for step, (x, y) in enumerate(loader):
+                x, y = x.cuda(), y.cuda()
+                first = x.data[0]
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(  # pre-0.4 code: `loss.data[0]` and a reduction's `.data[0]` read a scalar as a Python number
+            """
+            import torch
+            for step, (x, y) in enumerate(loader):
+                x, y = x.cuda(), y.cuda()
+                out = model(x)
+                loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+                history.append(loss.data[0])  # error: GPU005
+                norms.append(out.norm(2, dim=1).mean().data[0])  # error: GPU005
             """
         ),
         Valid(  # Python numbers and NumPy values are not syncs
@@ -954,6 +978,24 @@ class HostSyncInHotLoop(Rule):
         if Placement(self.ctx).may_be_on_device(node.expression):
             self._emit(node.expression, "formatting a tensor in an f-string", severity)
 
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        """`loss.data[0]`: before torch 0.4 the way to read a scalar tensor as a Python number (today `.item()`;
+        on a 0-dim tensor it now raises). Only on values that are scalars by name or by a reduction: `x.data[0]`
+        of a batch is its first row, not a read."""
+        if not self._enabled or not (isinstance(node.value, cst.Attribute) and node.value.attr.value == "data"
+                                     and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+                                     and isinstance(node.slice[0].slice.value, cst.Integer)
+                                     and node.slice[0].slice.value.value == "0"):
+            return
+        value = node.value.value
+        reduced = isinstance(value, cst.Call) and method_name(value) in _REDUCTIONS
+        if not (reduced or _names_a_loss(value)):
+            return
+        severity = self._region_severity()
+        placement = Placement(self.ctx)
+        if severity is not None and (placement.may_be_on_device(value) or placement.of(value) is None):
+            self._emit(node, "`.data[0]` (the pre-0.4 `.item()`)", severity)
+
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         if not self._enabled or not isinstance(node.operator, cst.Modulo):
             return
@@ -1267,6 +1309,10 @@ class _Defer(cst.CSTTransformer):
 
     def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
         return self._with_else(original_node, updated_node)
+
+
+# reductions to one value: `gradients.norm(2, dim=1).mean().data[0]`
+_REDUCTIONS = frozenset({"mean", "sum", "norm", "max", "min", "prod"})
 
 
 def _names_a_loss(value: cst.BaseExpression) -> bool:
