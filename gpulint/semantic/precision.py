@@ -372,7 +372,8 @@ def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
         # a setting rather than a switch: `if hparams.fp16_run:` with `fp16_run=False` and nothing turning it on
         setting = next((name for name in sorted({m.group(1) for text in texts.values()
                                                  for m in _PRECISION_GATE.finditer(text)})
-                        if option_off_by_default(ctx, texts, name)), None)
+                        if option_off_by_default(ctx, texts, name) and not _passed_at_launch(ctx, [f"--{name}"])),
+                       None)  # a setting also made a switch by a helper (`add_dict_to_argparser`) may be passed
         if setting is None or any(_ungated_autocast(text, frozenset([setting])) for text in texts.values()):
             return None
         return setting
