@@ -524,11 +524,12 @@ class FileAnalysis:
 
     def hot_kind(self, ancestors: Sequence[cst.CSTNode]) -> HotKind | None:
         """Kind of the innermost hot region around the current node, stopping at a non-hot function."""
-        for node in reversed(ancestors):
+        for index in range(len(ancestors) - 1, -1, -1):
+            node = ancestors[index]
             kind = self.hot.get(id(node))
             if kind is not None:
                 return kind
-            if type(node) in _NESTED_SCOPES:
+            if type(node) in _NESTED_SCOPES and not _applied_in_place(ancestors, index):
                 return None
         return None
 
@@ -546,6 +547,19 @@ class FileAnalysis:
 
     def under_main_guard(self, ancestors: Sequence[cst.CSTNode]) -> bool:
         return self.main_guard is not None and any(node is self.main_guard for node in ancestors)
+
+
+# builtins that call the function they are given right away, once per element
+_APPLYING_BUILTINS = frozenset({"map", "filter", "sorted", "max", "min"})
+
+
+def _applied_in_place(ancestors: Sequence[cst.CSTNode], index: int) -> bool:
+    """Is `ancestors[index]` a lambda handed straight to `map`/`filter`/`sorted`/`max`/`min` (it runs where it is
+    written, as often as that code runs, rather than whenever something calls it later)?"""
+    if type(ancestors[index]) is not cst.Lambda or index < 2 or type(ancestors[index - 1]) is not cst.Arg:
+        return False
+    call = ancestors[index - 2]
+    return type(call) is cst.Call and type(call.func) is cst.Name and call.func.value in _APPLYING_BUILTINS
 
 
 @dataclass

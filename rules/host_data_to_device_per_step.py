@@ -172,6 +172,33 @@ class HostDataToDevicePerStep(Rule):
                 log(step, reward.item())
             """
         ),
+        Invalid(  # the replay-memory idiom: stored transitions transposed per field, gathered and moved; and a
+            # lambda that `map` applies to every sampled reward right there
+            """
+            import torch
+            def optimize_model(memory, policy_net, optimizer):
+                transitions = memory.sample(128)
+                batch = Transition(*zip(*transitions))
+                state_batch = torch.cat(batch.state).to("cuda")  # error: GPU013
+                rewards = tuple(map(lambda r: torch.tensor([r], device="cuda"), batch.reward))  # error: GPU013
+                loss = (policy_net(state_batch).max(1)[0] - torch.cat(rewards)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+            def optimize_model(memory, policy_net, optimizer):
+                transitions = memory.sample(128)
+                batch = Transition(*zip(*transitions))
+                state_batch = torch.cat(batch.state).pin_memory().to("cuda", non_blocking=True)  # error: GPU013
+                rewards = tuple(map(lambda r: torch.tensor([r], device="cuda"), batch.reward))  # error: GPU013
+                loss = (policy_net(state_batch).max(1)[0] - torch.cat(rewards)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
         Invalid(  # used in the computation, not only for the collective
             """
             import torch
@@ -752,10 +779,24 @@ class HostDataToDevicePerStep(Rule):
             placement = Placement(self.ctx)
             kinds = [placement.of(piece) for piece in self._appended(sequence.value)]
             return HOST in kinds and DEVICE not in kinds
+        elif isinstance(sequence, cst.Attribute) and isinstance(sequence.value, cst.Name):
+            return self._transposed_sample(sequence.value.value)
         else:
             return False
         placement = Placement(self.ctx)
         return all(placement.of(piece) is not DEVICE for piece in pieces)
+
+    def _transposed_sample(self, name: str) -> bool:
+        """`batch = Transition(*zip(*transitions))`: the replay-memory idiom that turns sampled transitions into one
+        tuple per field; `torch.cat(batch.state)` gathers the stored tensors, and moving the result says they are
+        stored on the host."""
+        bindings = self.ctx.analysis.reaching_bindings(name, self.ctx.ancestors)
+        if len(bindings) != 1 or bindings[0].kind is not BindingKind.ASSIGN:
+            return False
+        value = bindings[0].value
+        return isinstance(value, cst.Call) and len(value.args) == 1 and value.args[0].star == "*" \
+            and isinstance(value.args[0].value, cst.Call) and dotted_name(value.args[0].value.func) == "zip" \
+            and any(arg.star == "*" for arg in value.args[0].value.args)
 
     def _appended(self, name: str) -> list[cst.BaseExpression]:
         """What the enclosing function appends to `name`, a list it starts empty (none when it is bound otherwise)."""
