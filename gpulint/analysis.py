@@ -1461,7 +1461,8 @@ class Evidence:
             func = dotted_name(node.func) or ""
             if func.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter", "islice", "zip", "trange") and node.args:
                 return self.is_loader(node.args[0].value, depth + 1)
-            return isinstance(node.func, cst.Name) and self._returns_loader(node.func.value)
+            return isinstance(node.func, cst.Name) and (self._returns_loader(node.func.value)
+                                                        or self._yields_batches_of_loader(node, depth))
         if isinstance(node, cst.Subscript):  # `loaders[phase]` of `loaders = {"train": DataLoader(...), ...}`
             return self.is_loader(node.value, depth + 1)
         if isinstance(node, cst.Dict):
@@ -1485,6 +1486,27 @@ class Evidence:
         returned = [n.value for n in walk(definitions[0].body) if isinstance(n, cst.Return) and n.value is not None]
         return bool(returned) and all(isinstance(value, cst.Call) and (
             self.a.call_qualname(value) or "").endswith("DataLoader") for value in returned)
+
+    def _yields_batches_of_loader(self, call: cst.Call, depth: int) -> bool:
+        """`infiniteloop(dataloader)` with `def infiniteloop(dataloader): while True: for x, y in dataloader: yield
+        x`: a generator of this file that yields from iterating a parameter, called with a loader there."""
+        assert isinstance(call.func, cst.Name)
+        definitions = self.a.functions.get(call.func.value, [])
+        if len(definitions) != 1 or not any(isinstance(n, (cst.Yield)) for n in walk(definitions[0].body)):
+            return False
+        parameters = [p.name.value for p in definitions[0].params.params]
+        for loop in walk(definitions[0].body):
+            if not isinstance(loop, cst.For):
+                continue
+            iterated = loop.iter
+            while isinstance(iterated, cst.Call) and (dotted_name(iterated.func) or "").rsplit(".", 1)[-1] in (
+                    "iter", "enumerate", "tqdm") and iterated.args:
+                iterated = iterated.args[0].value
+            if isinstance(iterated, cst.Name) and iterated.value in parameters:
+                argument = call_arg(call, iterated.value, parameters.index(iterated.value))
+                if argument is not None and self.is_loader(argument.value, depth + 1):
+                    return True
+        return False
 
     def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0, before: int | None = None) -> bool:
         """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory.
@@ -1518,6 +1540,12 @@ class Evidence:
                                      "permute", "squeeze", "unsqueeze", "view", "reshape") \
                     and isinstance(node.func, cst.Attribute):
                 return method_name(node) == "cpu" or self.is_cpu_source(node.func.value, depth + 1, before)
+            if qual in ("torch.cat", "torch.stack") and node.args and node.args[0].keyword is None:
+                # `torch.cat(views, dim=0)` of a batch's views (or a list of host pieces) stays on the host
+                pieces = node.args[0].value
+                if isinstance(pieces, (cst.List, cst.Tuple)) and pieces.elements:
+                    return all(self.is_cpu_source(e.value, depth + 1, before) for e in pieces.elements)
+                return self.is_cpu_source(pieces, depth + 1, before)
             return False
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) \
                 and self._items_converted_on_host(node.value.value):

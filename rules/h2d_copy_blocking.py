@@ -155,6 +155,58 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """,
         ),
+        Invalid(  # batches drawn from a generator that cycles over the loader
+            """
+            import torch
+
+            def infiniteloop(dataloader):
+                while True:
+                    for x, y in iter(dataloader):
+                        yield x
+
+            loader = torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4)
+            datalooper = infiniteloop(loader)
+            for step in range(800000):
+                optimizer.zero_grad()
+                x_0 = next(datalooper).to(device)
+                trainer(x_0).mean().backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+
+            def infiniteloop(dataloader):
+                while True:
+                    for x, y in iter(dataloader):
+                        yield x
+
+            loader = torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4)
+            datalooper = infiniteloop(loader)
+            for step in range(800000):
+                optimizer.zero_grad()
+                x_0 = next(datalooper).to(device, non_blocking=True)
+                trainer(x_0).mean().backward()
+                optimizer.step()
+            """,
+        ),
+        Invalid(  # a contrastive batch: the loader's views concatenated on the host, then copied
+            """
+            import torch
+            for views, _ in train_loader:
+                images = torch.cat(views, dim=0)
+                images = images.to(device)
+                model(images).mean().backward()
+                optimizer.step()
+            """,
+            fixed="""
+            import torch
+            for views, _ in train_loader:
+                images = torch.cat(views, dim=0)
+                images = images.to(device, non_blocking=True)
+                model(images).mean().backward()
+                optimizer.step()
+            """,
+        ),
         Invalid(
             """
             import torch
