@@ -1092,7 +1092,17 @@ def _repeats(loop: cst.For | cst.While) -> bool:
             vocab.COUNT_KEEPING_WRAPPERS and iterable.args:
         iterable = iterable.args[0].value
     return isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
-        vocab.COUNTING_ITERABLES
+        vocab.COUNTING_ITERABLES and not _walks_chunks(loop, iterable)
+
+
+def _walks_chunks(loop: cst.For, iterable: cst.Call) -> bool:
+    """`for start in range(0, n, batch_size): x[start:start + batch_size]`: a pass over inputs in chunks (a batched
+    inference or analysis pass), not a rollout's or a search's repetitions."""
+    if dotted_name(iterable.func) != "range" or len(iterable.args) != 3 or not isinstance(loop.target, cst.Name):
+        return False
+    start = loop.target.value
+    return any(isinstance(n, cst.Slice) and isinstance(n.lower, cst.Name) and n.lower.value == start
+               for n in walk(loop.body))
 
 
 def _iterates_loader(loop: cst.For | cst.While) -> bool:

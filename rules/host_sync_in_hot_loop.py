@@ -241,6 +241,19 @@ class HostSyncInHotLoop(Rule):
                 norms.append(out.norm(2, dim=1).mean().data[0])  # error: GPU005
             """
         ),
+        Valid(  # a batched analysis pass over stored samples, in chunks, after training: its copies are its output
+            """
+            import torch
+            def analyse(net, boards, targets, batch_size):
+                results = []
+                with torch.no_grad():
+                    for start in range(0, len(boards), batch_size):
+                        x = boards[start:start + batch_size].to("cuda", non_blocking=True)
+                        value, policy = net(x)
+                        results.append(value.cpu().numpy())
+                return results
+            """
+        ),
         Valid(  # Python numbers and NumPy values are not syncs
             """
             import torch
