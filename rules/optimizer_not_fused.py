@@ -50,7 +50,8 @@ class OptimizerNotFused(Rule):
     """
     ## What it does
     Finds `torch.optim.Adam`, `AdamW` and `SGD` built without `fused=` (and without `foreach=`) in a program
-    that trains on CUDA, and adds `fused=True`. (`Adagrad` is not included: its fused kernel rejects CUDA
+    that trains on CUDA, also through a name the class was bound to (`optimizer_fn = torch.optim.SGD`), and adds
+    `fused=True`. (`Adagrad` is not included: its fused kernel rejects CUDA
     parameters in torch 2.11.)
 
     ## Why is this slow
@@ -188,6 +189,38 @@ class OptimizerNotFused(Rule):
             optimizer = optim.Adam(model.parameters(), lr=1e-3, fused=True)
             """,
         ),
+        Invalid(  # the class picked into a name, then called (in a nested helper)
+            """
+            import torch
+            def train(G, D, lr):
+                G, D = G.cuda(), D.cuda()
+                optimizer = torch.optim.Adam
+                def get_optimizers(lr):
+                    return optimizer(G.parameters(), lr=lr), optimizer(D.parameters(), lr=lr)
+                return get_optimizers(lr)
+            """,
+            fixed="""
+            import torch
+            def train(G, D, lr):
+                G, D = G.cuda(), D.cuda()
+                optimizer = torch.optim.Adam
+                def get_optimizers(lr):
+                    return optimizer(G.parameters(), lr=lr, fused=True), optimizer(D.parameters(), lr=lr, fused=True)
+                return get_optimizers(lr)
+            """,
+        ),
+        Invalid(  # one branch picks the foreach (`_multi_tensor`) variant, which raises with fused=True: no fix
+            """
+            import torch
+            def construct_optimizer(model, cfg):
+                model = model.cuda()
+                if cfg.MTA:
+                    optimizer_fn = torch.optim._multi_tensor.SGD
+                else:
+                    optimizer_fn = torch.optim.SGD
+                return optimizer_fn(model.parameters(), lr=0.1, momentum=0.9)
+            """
+        ),
         Invalid(  # moved after the optimizer is built: reported without a fix (torch < 2.4 raises at construction)
             """
             import torch
@@ -238,7 +271,7 @@ class OptimizerNotFused(Rule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        qualified = self.ctx.qualname(node.func)
+        qualified = self.ctx.qualname(node.func) or self._aliased_class(node.func)
         if qualified not in _FUSED_SINCE:
             return
         if any(arg.star for arg in node.args) or any(call_arg(node, key) is not None for key in _CONFLICTS):
@@ -269,7 +302,37 @@ class OptimizerNotFused(Rule):
             self.report(node, note="the model is moved to the GPU after the optimizer is built: before torch 2.4 "
                                    "`fused=True` raises for CPU parameters; build the optimizer after the move")
             return
+        if self._foreach_variant_bound(node.func):
+            self.report(node, note="the name may also hold a `torch.optim._multi_tensor` class, which passes "
+                                   "`foreach=True` (it raises with `fused=True`): pass `fused=True` on the plain "
+                                   "class's branch")
+            return
         self.report(node, replacement=add_keyword(node, "fused", "True"))
+
+    def _class_bindings(self, func: cst.BaseExpression) -> set[str | None]:
+        """What the bindings of the called name hold (`optimizer = torch.optim.Adam`, in this scope or an
+        enclosing one), the `_multi_tensor` (foreach) variants under their class's name."""
+        if not isinstance(func, cst.Name):
+            return set()
+        bindings = self.ctx.analysis.reaching_bindings(func.value, self.ctx.ancestors)
+        return {(self.ctx.qualname(b.value) or "").replace("torch.optim._multi_tensor.", "torch.optim.") or None
+                if b.kind is BindingKind.ASSIGN and b.value is not None else None for b in bindings}
+
+    def _aliased_class(self, func: cst.BaseExpression) -> str | None:
+        """The one optimizer class every binding of the called name holds: `optimizer(params, lr=...)` after
+        `optimizer = torch.optim.Adam`."""
+        classes = self._class_bindings(func)
+        return classes.pop() if len(classes) == 1 else None
+
+    def _foreach_variant_bound(self, func: cst.BaseExpression) -> bool:
+        """Is the called name also bound, before the call, to a `torch.optim._multi_tensor` class (`if cfg.MTA:
+        optimizer_fn = torch.optim._multi_tensor.SGD else: optimizer_fn = torch.optim.SGD`)?"""
+        if not isinstance(func, cst.Name):
+            return False
+        here = self.ctx.analysis.statement_order(self.ctx.ancestors)
+        return any(b.kind is BindingKind.ASSIGN and b.value is not None and b.order < here and (
+            self.ctx.qualname(b.value) or "").startswith("torch.optim._multi_tensor.")
+                   for b in self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors))
 
 
 def _no_momentum(call: cst.Call) -> bool:
