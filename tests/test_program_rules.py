@@ -465,3 +465,19 @@ def test_a_receiver_named_after_a_class_runs_that_classes_own_method():
     targets = {site.target[-1]: graph.resolve("agent.py", update, site.target) for site in update.sites}
     assert targets["sample"] == [("buffers.py", "ReplayBuffer.sample")]
     assert targets["write"] == [("buffers.py", "QuantBackend.write")]
+
+
+def test_a_step_closure_returned_by_a_factory_in_another_file_runs_per_step():
+    """`train = train_fns.make_training_function(G, D)`, then `metrics = train(x, y)` in the loop: the nested
+    function the factory defines and returns is what the loop calls, once per step."""
+    sources = {
+        "train_fns.py": "def make_training_function(G, D):\n    def train(x, y):\n        loss = D(G(x)).mean()\n"
+                        "        loss.backward()\n        G.optim.step()\n        return {'loss': loss.item()}\n"
+                        "    return train\n",
+        "train.py": "import train_fns\n\n\ndef run(G, D, loader):\n"
+                    "    train = train_fns.make_training_function(G, D)\n    for x, y in loader:\n"
+                    "        metrics = train(x, y)\n",
+    }
+    graph = CallGraph(sources)
+    assert graph.frequency.get(("train_fns.py", "make_training_function.train")) is Frequency.PER_STEP
+    assert graph.frequency.get(("train_fns.py", "make_training_function"), Frequency.ONCE) is Frequency.ONCE

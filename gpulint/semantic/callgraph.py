@@ -144,6 +144,8 @@ class FunctionSummary:
     throttle_flags: set[str] = field(default_factory=set)
     # names bound to what a host-side environment returns (`obs, r, done, _ = env.step(a)`, `obs = env.reset()`)
     env_names: set[str] = field(default_factory=set)
+    # a function it defines and returns (`def make_train_fn(...): def train(x, y): ...; return train`)
+    returns_function: str | None = None
 
 
 @dataclass
@@ -732,6 +734,9 @@ class _Summariser:
             summary.returns_factory = _returns_factory_tensor(returns, assigns)
             summary.moves_parameter = bool(data_params) and any(_moved_parameter(r, data_params) for r in returns)
             summary.builds = tuple(dict.fromkeys(c for r in returns if (c := _constructed_class(r))))
+            nested = {d.name for d in node.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            summary.returns_function = next((r.id for r in returns if isinstance(r, ast.Name) and r.id in nested),
+                                            None)
             if data_params:
                 summary.uploads = _uploads_parameter(node, data_params, returns, assigns)
                 summary.downloads = _downloads_parameter(data_params, returns)
@@ -1432,6 +1437,19 @@ class CallGraph:
                 return True
         return False
 
+    def _returned_functions(self, path: str, fn: FunctionSummary, name: str) -> list[tuple[str, str]]:
+        """The nested functions that the calls whose result `name` holds define and return."""
+        found = []
+        for target, index in fn.results[name]:
+            if index is not None:
+                continue
+            for callee_path, callee_key in self.resolve(path, fn, target):
+                returned = self.files[callee_path].functions[callee_key].returns_function
+                nested = f"{callee_key}.{returned}"
+                if returned is not None and nested in self.files[callee_path].functions:
+                    found.append((callee_path, nested))
+        return found
+
     def resolve(self, path: str, fn: FunctionSummary, target: tuple[str, ...]) -> list[tuple[str, str]]:
         """The definitions a call site may run (empty when unknown or ambiguous)."""
         key = (path, fn.key, target)
@@ -1459,6 +1477,8 @@ class CallGraph:
                          for m in self._method(path, built, "forward")]
             if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
                 return self._passed_in.get((path, fn.key, name), [])
+            if not found and name in fn.results:  # `train = make_train_fn(G, D)`, then `train(x, y)`
+                found = self._returned_functions(path, fn, name)
             return found
         if kind == "self":
             if fn.class_name is None:

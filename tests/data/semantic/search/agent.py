@@ -17,7 +17,7 @@ def make_player(net):  # frequency: once
     def evaluate_leaf(state):  # frequency: per-rollout-step
         return net(torch.from_numpy(state).to("cuda"))
 
-    def play(state):  # frequency: once
+    def play(state):  # frequency: per-rollout-step (make_player returns it: the move loop calls it)
         return tree_search(state, evaluate=evaluate_leaf)
 
     return play
