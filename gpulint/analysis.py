@@ -570,6 +570,7 @@ class _Region:
     node: cst.CSTNode
     backward: bool = False
     optimizer_step: bool = False
+    stepped: bool = False  # an optimizer's own `.step()` call (not a helper guessed to step one)
     called: set[str] = field(default_factory=set)
     self_calls: set[str] = field(default_factory=set)  # `self.<name>(...)` anywhere in a function's body
     has_loop: bool = False
@@ -879,7 +880,7 @@ class _PrePass(cst.CSTVisitor):
         elif name == "step" and isinstance(node.func, cst.Attribute):
             last = (dotted_name(node.func.value) or "").rsplit(".", 1)[-1]
             if _OPTIMIZER_NAME.search(last) or "scaler" in last.lower():
-                region.optimizer_step = True
+                region.optimizer_step = region.stepped = True
         if isinstance(node.func, cst.Name):
             region.called.add(node.func.value)
         elif isinstance(node.func, cst.Attribute):
@@ -932,6 +933,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
     program_steps = frozenset(step_functions)  # as the call graph found them (steps outside the function's loops)
     loop_trainers = {r.loop_key.rsplit("#", 1)[0] for r in regions if r.any_marker and isinstance(r.node, (
         cst.For, cst.While))}  # keys of the functions with a loop that trains
+    loop_steppers = {r.loop_key.rsplit("#", 1)[0] for r in regions if r.stepped and isinstance(r.node, (
+        cst.For, cst.While))}  # keys of the functions with a loop that calls an optimizer's `.step()`
     rollout_functions: set[str] = set(calls.rollout_names) if calls else set()
     trainers: frozenset[str] = calls.trainer_names if calls else frozenset()
     called = calls.frequencies if calls else {}
@@ -951,14 +954,17 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
         # (loops of its own are fine when the call graph saw its backward and optimizer step outside them and none
         # of them trains: `update_critic` looping over agents to build one loss is still one step per call, while
         # an update that also fits a value function in a loop of steps runs once per many steps)
+        key = a.function_key.get(id(fn), "")
         direct = region.backward and region.optimizer_step and (not region.has_loop or name in program_steps and (
-            a.function_key.get(id(fn), "") not in loop_trainers))
+            key not in loop_trainers))
+        # gradient accumulation: its loops backpropagate, the optimizer steps once after them
+        direct = direct or region.stepped and key in loop_trainers and key not in loop_steppers
         if direct:
             direct_steps.add(name)
         if direct or region.any_marker and _STEP_FUNCTION_NAME.match(name):
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
             step_functions.add(name)
-        frequency = called.get(a.function_key.get(id(fn), ""))
+        frequency = called.get(key)
         if frequency is not None:
             a.call_frequency[id(fn)] = frequency
         if f"{a.function_key.get(id(fn), '')}#rare-rollout" in called:

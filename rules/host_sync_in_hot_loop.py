@@ -228,6 +228,21 @@ class HostSyncInHotLoop(Rule):
                 optimizer.step()
             """
         ),
+        Invalid(  # gradient accumulation: the loop backpropagates, the optimizer steps once after it, so the method
+            # is one training step per call; the device total stays a device tensor when numbers are added to it
+            """
+            import torch
+            class Trainer:
+                def train(self):
+                    total = torch.tensor(0.0).cuda()
+                    for i in range(self.accumulate_every):
+                        loss = self.D(next(self.loader).cuda(non_blocking=True)).mean() / self.accumulate_every
+                        loss.backward()
+                        total += loss.detach().item()  # error: GPU005
+                    self.D_opt.step()
+                    self.d_loss = float(total)  # error: GPU005
+            """
+        ),
         Invalid(  # pre-0.4 code: `loss.data[0]` and a reduction's `.data[0]` read a scalar as a Python number
             """
             import torch

@@ -410,8 +410,12 @@ class Placement:
                 kinds.append(self._for_target(binding))
             elif binding.kind is BindingKind.AUGMENT:  # `total += t.sum()` makes a tensor of a Python number
                 kind = self.of(binding.value, depth + 1, binding.order)
-                if kind not in (DEVICE, TENSOR, HOST):  # `priority += 1e-5`: stays where `priority` was
-                    kind = self._name(node, depth + 1, binding.order)
+                if kind is not DEVICE:
+                    # `priority += 1e-5` stays where `priority` was; a device tensor stays on the device whatever
+                    # is added (`total = torch.tensor(0.).cuda()`, then `total += loss.item() / n`)
+                    earlier = self._name(node, depth + 1, binding.order)
+                    if earlier is DEVICE or kind not in (TENSOR, HOST):
+                        kind = earlier
                 kinds.append(kind if kind in (DEVICE, TENSOR, HOST) else None)
             else:
                 kinds.append(None)
