@@ -203,6 +203,23 @@ class EvalWithoutNoGrad(Rule):
                 return [model(x).argmax(1) for x, _ in loader]
             """
         ),
+        Valid(  # a tree node's setter named after the policy it stores is no network (the search evaluates under
+            # no_grad elsewhere)
+            """
+            import torch
+
+            def expand(node, policy_values):
+                probabilities = torch.softmax(policy_values.cpu()[node.legal], dim=0)
+                node.set_children_policy_values(probabilities)
+
+            def search(root, net, simulations):
+                for _ in range(simulations):
+                    leaf = root.select()
+                    with torch.no_grad():
+                        policy, value = net(leaf.tensor())
+                    expand(leaf, policy)
+            """
+        ),
         Valid(  # sequence-level policy gradient: the sampled tokens' log-probabilities are trained on
             """
             import torch
@@ -827,7 +844,8 @@ class EvalWithoutNoGrad(Rule):
                 yield node  # `self.forward(x)` in a method of the network (`get_action`)
                 continue
             if isinstance(func, cst.Attribute) and _MODEL_NAME.search(func.attr.value) and isinstance(
-                    func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None:
+                    func.value, (cst.Name, cst.Attribute)) and self.ctx.analysis.qualname(func) is None \
+                    and not func.attr.value.startswith(_NOT_FORWARD_PREFIXES):  # not `node.set_policy_values(p)`
                 yield node  # a network held by another object: `agent.prediction_model(state)`
                 continue
             if isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Attribute)) \

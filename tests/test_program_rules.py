@@ -481,3 +481,23 @@ def test_a_step_closure_returned_by_a_factory_in_another_file_runs_per_step():
     graph = CallGraph(sources)
     assert graph.frequency.get(("train_fns.py", "make_training_function.train")) is Frequency.PER_STEP
     assert graph.frequency.get(("train_fns.py", "make_training_function"), Frequency.ONCE) is Frequency.ONCE
+
+
+def test_a_parameter_annotated_with_a_network_class_resolves_to_that_class():
+    """`def evaluate(state, nn: NeuralNetwork): nn.forward_for_alphazero(x)`: the annotation says which of the two
+    networks defining the method runs, and a search loop calling `evaluate` evaluates a network per simulation."""
+    sources = {
+        "nets.py": "import torch\n\n\nclass NeuralNetwork(torch.nn.Module):\n"
+                   "    def forward_for_alphazero(self, x):\n        return self.body(x).item()\n\n\n"
+                   "class ConnectFourNetwork(torch.nn.Module):\n"
+                   "    def forward_for_alphazero(self, x):\n        return self.body(x).item()\n",
+        "search.py": "from nets import NeuralNetwork\n\n\ndef evaluate(state, nn: NeuralNetwork):\n"
+                     "    return nn.forward_for_alphazero(state)\n\n\n"
+                     "def run_simulation(root, nn, simulations):\n    for _ in range(simulations):\n"
+                     "        value = evaluate(root, nn)\n",
+    }
+    graph = CallGraph(sources, frozenset({"NeuralNetwork", "ConnectFourNetwork"}))
+    evaluate = graph.files["search.py"].functions["evaluate"]
+    [site] = evaluate.sites
+    assert graph.resolve("search.py", evaluate, site.target) == [("nets.py", "NeuralNetwork.forward_for_alphazero")]
+    assert graph.frequency.get(("nets.py", "NeuralNetwork.forward_for_alphazero")) is Frequency.PER_ROLLOUT_STEP

@@ -146,6 +146,8 @@ class FunctionSummary:
     env_names: set[str] = field(default_factory=set)
     # a function it defines and returns (`def make_train_fn(...): def train(x, y): ...; return train`)
     returns_function: str | None = None
+    # parameters annotated with a class (`def evaluate(state, nn: NeuralNetwork)`): name -> the class's last name
+    param_classes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -710,8 +712,15 @@ class _Summariser:
                     fn.steps_at_top = True
                 elif vocab.is_env_step(dotted):
                     fn.env_at_top = True
-                elif vocab.is_network_call(dotted, self.network_names):
+                elif vocab.is_network_call(dotted, self.network_names) or self._annotated_network(fn, dotted):
                     fn.network_at_top = True
+
+    def _annotated_network(self, fn: FunctionSummary, dotted: str) -> bool:
+        """`nn(x)` or `nn.forward_for_alphazero(x)` on a parameter annotated with a network class of the program
+        (`def evaluate(state, nn: NeuralNetwork)`)."""
+        parts = dotted.split(".")
+        annotated = fn.param_classes.get(parts[0])
+        return len(parts) <= 2 and annotated is not None and vocab.normalised_name(annotated) in self.network_names
 
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, owner: tuple[str, ...]) -> None:
         key = ".".join((*owner, node.name))
@@ -719,6 +728,9 @@ class _Summariser:
         arguments = node.args
         params = tuple(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
         summary = FunctionSummary(key, class_name, node.name, params=params)
+        summary.param_classes = {a.arg: vocab.last_part(_dotted(a.annotation)) for a in (
+            *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)
+            if a.annotation is not None and _dotted(a.annotation) and vocab.last_part(_dotted(a.annotation))[:1].isupper()}
         if class_name is not None and node.name in ("forward", "training_step") and self._is_module(class_name):
             summary.seed = Frequency.PER_STEP
         for decorator in node.decorator_list:
@@ -1523,6 +1535,8 @@ class CallGraph:
         if receiver in fn.params:  # `def run_steps(agent): agent.step()` with callers passing `DQNAgent(config)`
             found = [m for cls in self._objects_in.get((path, fn.key, receiver), ())
                      for m in self._method(path, cls, method)]
+            if not found and receiver in fn.param_classes:  # `def evaluate(nn: NeuralNetwork): nn.predict(x)`
+                found = self._method(path, fn.param_classes[receiver], method)
             if found:
                 return found
         named = receiver.rsplit(".", 1)[-1]
