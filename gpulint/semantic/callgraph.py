@@ -715,9 +715,11 @@ class _Summariser:
                 elif vocab.is_network_call(dotted, self.network_names) or self._annotated_network(fn, dotted):
                     fn.network_at_top = True
 
-    def _annotated_network(self, fn: FunctionSummary, dotted: str) -> bool:
+    def _annotated_network(self, fn: FunctionSummary, dotted: str | None) -> bool:
         """`nn(x)` or `nn.forward_for_alphazero(x)` on a parameter annotated with a network class of the program
         (`def evaluate(state, nn: NeuralNetwork)`)."""
+        if not dotted or not fn.param_classes:
+            return False
         parts = dotted.split(".")
         annotated = fn.param_classes.get(parts[0])
         return len(parts) <= 2 and annotated is not None and vocab.normalised_name(annotated) in self.network_names
