@@ -501,3 +501,19 @@ def test_a_parameter_annotated_with_a_network_class_resolves_to_that_class():
     [site] = evaluate.sites
     assert graph.resolve("search.py", evaluate, site.target) == [("nets.py", "NeuralNetwork.forward_for_alphazero")]
     assert graph.frequency.get(("nets.py", "NeuralNetwork.forward_for_alphazero")) is Frequency.PER_ROLLOUT_STEP
+
+
+def test_calling_an_instance_of_a_plain_class_runs_its_call_method():
+    """`self.proposal_layer = ProposalCreator(self)` in a network's `__init__`, `self.proposal_layer(...)` in its
+    forward: `ProposalCreator.__call__` runs every step (a class that is no network has no `forward`)."""
+    sources = {
+        "creator.py": "import torch\n\n\nclass ProposalCreator:\n    def __init__(self, parent):\n"
+                      "        self.parent = parent\n\n    def __call__(self, rois):\n"
+                      "        return torch.from_numpy(rois).cuda()\n",
+        "rpn.py": "import torch\n\nfrom creator import ProposalCreator\n\n\nclass RegionProposalNetwork(torch.nn.Module):\n"
+                  "    def __init__(self):\n        super().__init__()\n"
+                  "        self.proposal_layer = ProposalCreator(self)\n\n    def forward(self, rois):\n"
+                  "        return self.proposal_layer(rois)\n",
+    }
+    graph = CallGraph(sources, frozenset({"RegionProposalNetwork"}))
+    assert graph.frequency.get(("creator.py", "ProposalCreator.__call__")) is Frequency.PER_STEP

@@ -1354,6 +1354,11 @@ class CallGraph:
         found = self._class_by_normalised.get(vocab.normalised_name(name), [])
         return found if len(found) == 1 else []
 
+    def _called_method(self, path: str, class_name: str) -> list[tuple[str, str]]:
+        """What calling an instance runs: a network's `forward`, any other class's `__call__`
+        (`self.proposal_layer(...)` with `self.proposal_layer = ProposalCreator(self)`)."""
+        return self._method(path, class_name, "forward") or self._method(path, class_name, "__call__")
+
     def _method(self, path: str, class_name: str, method: str, depth: int = 0) -> list[tuple[str, str]]:
         if depth > 6:
             return []
@@ -1488,7 +1493,7 @@ class CallGraph:
                 return self._method(path, name, "__init__")  # constructing a program class runs its __init__
             if not found and name in summary.instances:  # `model = GPT(cfg)` then `model(x)`: its forward runs
                 found = [m for built in summary.instances[name] if built in self._classes
-                         for m in self._method(path, built, "forward")]
+                         for m in self._called_method(path, built)]
             if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
                 return self._passed_in.get((path, fn.key, name), [])
             if not found and name in fn.results:  # `train = make_train_fn(G, D)`, then `train(x, y)`
@@ -1504,7 +1509,7 @@ class CallGraph:
                 found = self._held_function(path, fn.class_name, target[1])
             if not found:  # `self.model(x)` after `self.model = LlamaModel(config)`: the submodule's forward runs
                 found = [m for built in summary.instances.get(f"self.{target[1]}", ()) if built in self._classes
-                         for m in self._method(path, built, "forward")]
+                         for m in self._called_method(path, built)]
             return found + [o for o in self._overrides(fn.class_name, target[1]) if o not in found]
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
