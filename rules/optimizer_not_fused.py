@@ -221,6 +221,18 @@ class OptimizerNotFused(Rule):
                 return optimizer_fn(model.parameters(), lr=0.1, momentum=0.9)
             """
         ),
+        Invalid(  # the other branch picks bitsandbytes' 8-bit AdamW, which takes no fused=: reported without a fix
+            """
+            import torch
+            unet = UNet().to("cuda")
+            if args.use_8bit_adam:
+                import bitsandbytes as bnb
+                optimizer_class = bnb.optim.AdamW8bit
+            else:
+                optimizer_class = torch.optim.AdamW
+            optimizer = optimizer_class(unet.parameters(), lr=args.learning_rate)
+            """
+        ),
         Invalid(  # moved after the optimizer is built: reported without a fix (torch < 2.4 raises at construction)
             """
             import torch
@@ -302,10 +314,12 @@ class OptimizerNotFused(Rule):
             self.report(node, note="the model is moved to the GPU after the optimizer is built: before torch 2.4 "
                                    "`fused=True` raises for CPU parameters; build the optimizer after the move")
             return
-        if self._foreach_variant_bound(node.func):
-            self.report(node, note="the name may also hold a `torch.optim._multi_tensor` class, which passes "
-                                   "`foreach=True` (it raises with `fused=True`): pass `fused=True` on the plain "
-                                   "class's branch")
+        other = self._other_class_bound(node.func, qualified)
+        if other is not None:
+            why = "passes `foreach=True`, which raises with `fused=True`" if "_multi_tensor" in other \
+                else "may not take `fused=`"
+            self.report(node, note=f"the name may also hold `{other}`, which {why}: pass `fused=True` only where "
+                                   f"it holds `{qualified}`")
             return
         self.report(node, replacement=add_keyword(node, "fused", "True"))
 
@@ -324,15 +338,15 @@ class OptimizerNotFused(Rule):
         classes = self._class_bindings(func)
         return classes.pop() if len(classes) == 1 else None
 
-    def _foreach_variant_bound(self, func: cst.BaseExpression) -> bool:
-        """Is the called name also bound, before the call, to a `torch.optim._multi_tensor` class (`if cfg.MTA:
-        optimizer_fn = torch.optim._multi_tensor.SGD else: optimizer_fn = torch.optim.SGD`)?"""
+    def _other_class_bound(self, func: cst.BaseExpression, qualified: str) -> str | None:
+        """Another class the called name is bound to before the call: `if args.use_8bit_adam: optimizer_class =
+        bnb.optim.AdamW8bit else: optimizer_class = torch.optim.AdamW`, or a `torch.optim._multi_tensor` class."""
         if not isinstance(func, cst.Name):
-            return False
+            return None
         here = self.ctx.analysis.statement_order(self.ctx.ancestors)
-        return any(b.kind is BindingKind.ASSIGN and b.value is not None and b.order < here and (
-            self.ctx.qualname(b.value) or "").startswith("torch.optim._multi_tensor.")
-                   for b in self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors))
+        return next((self.ctx.code(b.value) for b in self.ctx.analysis.bindings_of(func.value, self.ctx.ancestors)
+                     if b.kind is BindingKind.ASSIGN and b.value is not None and b.order < here
+                     and self.ctx.qualname(b.value) != qualified), None)
 
 
 def _no_momentum(call: cst.Call) -> bool:
