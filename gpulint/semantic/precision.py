@@ -369,14 +369,16 @@ def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
     fp32, whatever autocast or `.half()` the code holds behind the switch."""
     switches = [switch for text in texts.values() for switch in _switches_off_by_default(text)]
     if not switches:
-        # a setting rather than a switch: `if hparams.fp16_run:` with `fp16_run=False` and nothing turning it on
-        setting = next((name for name in sorted({m.group(1) for text in texts.values()
-                                                 for m in _PRECISION_GATE.finditer(text)})
-                        if option_off_by_default(ctx, texts, name) and not _passed_at_launch(ctx, [f"--{name}"])),
-                       None)  # a setting also made a switch by a helper (`add_dict_to_argparser`) may be passed
-        if setting is None or any(_ungated_autocast(text, frozenset([setting])) for text in texts.values()):
+        # settings rather than switches: `if hparams.fp16_run:` with `fp16_run=False` and nothing turning it on;
+        # every such gate must be off (FSDP's `if cfg.mixed_precision:` on by default, `elif cfg.use_fp16:` off,
+        # trains in bf16), and one made a switch by a helper (`add_dict_to_argparser`) may be passed at launch
+        settings = sorted({m.group(1) for text in texts.values() for m in _PRECISION_GATE.finditer(text)})
+        if not settings or not all(option_off_by_default(ctx, texts, name) and not _passed_at_launch(
+                ctx, [f"--{name}"]) for name in settings):
             return None
-        return setting
+        if any(_ungated_autocast(text, frozenset(settings)) for text in texts.values()):
+            return None
+        return settings[0]
     names = {switch.lstrip("-").replace("-", "_") for switch in switches}
     if any(_ungated_autocast(text, frozenset(names)) for text in texts.values()):
         return None  # an autocast the switch does not control: mixed precision whatever the switch says
@@ -384,8 +386,9 @@ def precision_switched_off(ctx, texts: dict[str, str]) -> str | None:
 
 
 # `if hparams.fp16_run:` / `if cfg.use_amp:` / `if fp16:`: a setting that gates the mixed-precision code
-_PRECISION_GATE = re.compile(r"^[ \t]*(?:el)?if\s+(?:[\w.]+\.)?((?:\w+_)?(?:amp|fp16|bf16|half|mixed_precision)(?:_\w+)?)"
-                             r"\s*:", re.M | re.I)
+# (named for the precision, maybe after `use_`/`enable_`: `fp16_run`, `use_amp`; not `warn_on_half`)
+_PRECISION_GATE = re.compile(r"^[ \t]*(?:el)?if\s+(?:[\w.]+\.)?((?:use_|enable_)?(?:amp|fp16|bf16|half|mixed_precision)"
+                             r"(?:_\w+)?)\s*:", re.M | re.I)
 
 
 def _passed_at_launch(ctx, switches: list[str]) -> bool:
@@ -399,7 +402,8 @@ def _passed_at_launch(ctx, switches: list[str]) -> bool:
         return False
     script = re.compile(rf"(?<![\w.-]){re.escape(Path(ctx.path).name)}\b")
     runs = [command for command in re.sub(r"\\[ \t]*\r?\n", " ", launches).splitlines() if script.search(command)]
-    return not any(all(not pattern.search(command) for pattern in passing) for command in runs)
+    # (a command expanding shell variables, `$MODEL_FLAGS`, may pass the switch through them)
+    return not any("$" not in command and all(not pattern.search(command) for pattern in passing) for command in runs)
 
 
 def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
