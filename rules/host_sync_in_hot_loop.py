@@ -256,6 +256,25 @@ class HostSyncInHotLoop(Rule):
                 norms.append(out.norm(2, dim=1).mean().data[0])  # error: GPU005
             """
         ),
+        Valid(  # a collate class's `__call__` runs in the loader's workers on host tensors: `.cpu().item()` is no sync
+            """
+            import torch
+            class PadCollator:
+                def __call__(self, features):
+                    labels = torch.nn.utils.rnn.pad_sequence([f["labels"] for f in features], batch_first=True)
+                    if (labels[:, 0] == self.bos).all().cpu().item():
+                        labels = labels[:, 1:]
+                    return {"labels": labels}
+
+            collator = PadCollator()
+            loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collator)
+            model = Net().cuda()
+            for batch in loader:
+                loss = model(batch["labels"].cuda(non_blocking=True)).mean()
+                loss.backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # a batched analysis pass over stored samples, in chunks, after training: its copies are its output
             """
             import torch
@@ -776,6 +795,9 @@ class HostSyncInHotLoop(Rule):
             return None  # reporting a failure: runs once, when the run stops
         if amortised(self.ctx) or self.ctx.in_test_code() or after_init_once_guard(self.ctx):
             return None  # already read every N steps, as the message advises; a test's assertion is its purpose
+        function = self.ctx.enclosing(cst.FunctionDef)
+        if function is not None and f"{self.ctx.analysis.key_of(function)}#collate" in self.ctx.analysis.program_keys:
+            return None  # a loader's collate function assembles host batches: what it reads is already on the host
         loop = self._innermost_loop()
         if loop is not None and self._synchronizes_every_iteration(loop):
             return None  # the host already waits for the GPU each iteration (to time it): this read adds no wait

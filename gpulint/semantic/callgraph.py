@@ -2230,7 +2230,8 @@ class CallGraph:
         (`for _ in range(sims): prior, value = evaluate(state)` with `evaluate` a network evaluation passed in).
         A loop key is `<function key>#loop<n>`, n counting the function's loops in source order; a function the
         program calls only now and then gets `<function key>#rare`, one called per step of such a function's
-        rollout (an evaluation episode) `<function key>#rare-rollout`, and one that trains when called (itself or
+        rollout (an evaluation episode) `<function key>#rare-rollout`, a loader's `collate_fn` that moves nothing to
+        a device `<function key>#collate`, and one that trains when called (itself or
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
@@ -2274,6 +2275,9 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}#outer"] = Frequency.ONCE
         for path, key in self._trainer_set:
             found.setdefault(path, {})[f"{key}#trains"] = Frequency.PER_STEP
+        for path, key in self._collate_functions():  # batches assembled on the host (in the loader's workers)
+            if not self.files[path].functions[key].moves_to_device:
+                found.setdefault(path, {})[f"{key}#collate"] = Frequency.ONCE
         for path, summary in self.files.items():  # a script whose top level starts the (imported) training
             module = summary.functions["<module>"]
             if any(not site.throttled and set(self.resolve(path, module, site.target)) & self._trainer_set
