@@ -517,3 +517,18 @@ def test_calling_an_instance_of_a_plain_class_runs_its_call_method():
     }
     graph = CallGraph(sources, frozenset({"RegionProposalNetwork"}))
     assert graph.frequency.get(("creator.py", "ProposalCreator.__call__")) is Frequency.PER_STEP
+
+
+def test_a_function_applied_by_map_runs_where_the_map_stands():
+    """`obs = tree_map(tu.np2th, venv.observe())` in a rollout step, `list(map(upload, arrays))` in a training
+    loop: the mapped function runs as often as that line (gym3's `venv.act(ac)` is the environment's step)."""
+    sources = {
+        "tu.py": "import torch\n\n\ndef np2th(a):\n    return torch.from_numpy(a).cuda()\n",
+        "roller.py": "import tu\nfrom tree_util import tree_map\n\n\ndef single_step(venv, policy):\n"
+                     "    obs = tree_map(tu.np2th, venv.observe())\n    venv.act(policy(obs))\n\n\n"
+                     "def rollout(venv, policy, horizon):\n    for t in range(horizon):\n"
+                     "        single_step(venv, policy)\n",
+    }
+    graph = CallGraph(sources)
+    assert graph.frequency.get(("roller.py", "single_step")) is Frequency.PER_ROLLOUT_STEP
+    assert graph.frequency.get(("tu.py", "np2th")) is Frequency.PER_ROLLOUT_STEP

@@ -285,6 +285,17 @@ def _started_function(dotted: str, call: ast.Call) -> str | None:
     return _dotted(started) if started is not None else None
 
 
+# calls that apply the function they are given to each item, right away: `map(f, xs)`, `tree_map(tu.np2th, obs)`
+_APPLYING_CALLS = frozenset({"map", "starmap", "tree_map", "map_structure", "map_nested"})
+
+
+def _applied_function(dotted: str, call: ast.Call) -> str | None:
+    """The function a map-like call applies where it stands (`tree_map(tu.np2th, self._venv.observe())`)."""
+    if vocab.last_part(dotted) not in _APPLYING_CALLS or not call.args:
+        return None
+    return _dotted(call.args[0]) if isinstance(call.args[0], (ast.Name, ast.Attribute)) else None
+
+
 # calls that iterate what they are given: `for i, (x, y) in enumerate(tqdm(loader))`
 _ITERATING_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice", "cycle", "track"})
 
@@ -693,15 +704,15 @@ class _Summariser:
                 (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
             arguments = [*enumerate(call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
             built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
-            references = tuple((slot, dotted) for slot, value in arguments
-                               if isinstance(value, ast.Attribute) and (dotted := _dotted(value)))
+            references = tuple((slot, reference) for slot, value in arguments
+                               if isinstance(value, ast.Attribute) and (reference := _dotted(value)))
             values = [*call.args, *(k.value for k in call.keywords)]
             observed = tuple(slot for slot, value in arguments if _observed(value, fn.env_names)) \
                 if fn.env_names else ()
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards), bool(values) and all(
                                          _is_number(v, self._number_names) for v in values), observed))
-            started = _started_function(dotted, call)
+            started = _started_function(dotted, call) or _applied_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
                                          guards=tuple(self._guards)))

@@ -13,7 +13,7 @@ OPTIMIZER_NAME = re.compile(r"optim|^opt(_|\d|$)|_opt$|^opt[A-Z]", re.I)
 # receivers of `.step(...)` that are host-side simulators or games: one call per environment step / move
 ENV_RECEIVER = re.compile(r"env|game|board|(^|[._])tasks?$", re.I)  # `self._task.step(a)`: an environment called a task
 ENV_METHODS = frozenset({"step", "play", "make_move", "play_move", "do_move", "execute_move", "apply_action",
-                         "getNextState", "get_next_state", "next_state"})
+                         "getNextState", "get_next_state", "next_state", "act"})  # (`venv.act(ac)`: gym3's step)
 # classes whose step methods an environment step runs: `class VecPyTorch(VecEnvWrapper)`, `class Game`
 ENV_CLASS = re.compile(r"env|game|wrapper", re.I)
 ENV_STEP_METHODS = frozenset({"step", "step_wait", "step_async", "observation", "reward", "action"})
