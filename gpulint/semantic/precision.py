@@ -402,8 +402,13 @@ def _passed_at_launch(ctx, switches: list[str]) -> bool:
         return False
     script = re.compile(rf"(?<![\w.-]){re.escape(Path(ctx.path).name)}\b")
     runs = [command for command in re.sub(r"\\[ \t]*\r?\n", " ", launches).splitlines() if script.search(command)]
-    # (a command expanding shell variables, `$MODEL_FLAGS`, may pass the switch through them)
-    return not any("$" not in command and all(not pattern.search(command) for pattern in passing) for command in runs)
+    # (a command expanding shell variables, `$MODEL_FLAGS`, may pass the switch through them; `$ python ...` is a
+    # prompt)
+    return not any(not _SHELL_VARIABLE.search(command) and all(not pattern.search(command) for pattern in passing)
+                   for command in runs)
+
+
+_SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
 
 
 def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
