@@ -203,6 +203,26 @@ class EvalWithoutNoGrad(Rule):
                 return [model(x).argmax(1) for x, _ in loader]
             """
         ),
+        Valid(  # the program's own decorator runs the function under no_grad
+            """
+            import torch
+
+            def nograd(f):
+                def new_f(*args, **kwargs):
+                    with torch.no_grad():
+                        return f(*args, **kwargs)
+                return new_f
+
+            class Detector(torch.nn.Module):
+                @nograd
+                def predict(self, imgs):
+                    return [self(img.cuda()).argmax().item() for img in imgs]
+
+            def play(detector, env):
+                while True:
+                    env.step(detector.predict(env.observe()))
+            """
+        ),
         Valid(  # a tree node's setter named after the policy it stores is no network (the search evaluates under
             # no_grad elsewhere)
             """
@@ -1227,13 +1247,17 @@ def _eval_iterable(node: cst.BaseExpression) -> bool:
 
 
 def _decorated_no_grad(ctx, function: cst.FunctionDef) -> bool:
+    """`@torch.no_grad()`, `@torch.inference_mode()`, or a decorator of the program named for it (`@nograd`, a
+    wrapper that calls the function under `with torch.no_grad():`)."""
     for decorator in function.decorators:
         target = decorator.decorator
         target = target.func if isinstance(target, cst.Call) else target
-        if ctx.analysis.qualname(target) in _GRAD_MODES or (dotted_name(target) or "").endswith(
-                ("no_grad", "inference_mode")):
+        if ctx.analysis.qualname(target) in _GRAD_MODES or _NO_GRAD_NAME.search(dotted_name(target) or ""):
             return True
     return False
+
+
+_NO_GRAD_NAME = re.compile(r"no_?grad$|inference_mode$", re.I)
 
 
 def _under_grad_mode(ctx, flow: LoaderFlow, call: cst.Call, stop: cst.CSTNode | None) -> bool:
