@@ -11,6 +11,25 @@ from gpulint.semantic.placement import READ_BACK_METHODS, TENSOR, Placement, amo
 _DTYPE_NAME = re.compile(r"(^|[._])dtype$")
 
 
+# batches drawn from a generator cycling over the loader (an example, before its fix)
+_CYCLED_LOADER = """
+            import torch
+
+            def infiniteloop(dataloader):
+                while True:
+                    for x, y in iter(dataloader):
+                        yield x
+
+            loader = torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4)
+            datalooper = infiniteloop(loader)
+            for step in range(800000):
+                optimizer.zero_grad()
+                x_0 = next(datalooper).to(device)
+                trainer(x_0).mean().backward()
+                optimizer.step()
+            """
+
+
 class H2dCopyBlocking(Rule):
     """
     ## What it does
@@ -156,38 +175,8 @@ class H2dCopyBlocking(Rule):
             """,
         ),
         Invalid(  # batches drawn from a generator that cycles over the loader
-            """
-            import torch
-
-            def infiniteloop(dataloader):
-                while True:
-                    for x, y in iter(dataloader):
-                        yield x
-
-            loader = torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4)
-            datalooper = infiniteloop(loader)
-            for step in range(800000):
-                optimizer.zero_grad()
-                x_0 = next(datalooper).to(device)
-                trainer(x_0).mean().backward()
-                optimizer.step()
-            """,
-            fixed="""
-            import torch
-
-            def infiniteloop(dataloader):
-                while True:
-                    for x, y in iter(dataloader):
-                        yield x
-
-            loader = torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4)
-            datalooper = infiniteloop(loader)
-            for step in range(800000):
-                optimizer.zero_grad()
-                x_0 = next(datalooper).to(device, non_blocking=True)
-                trainer(x_0).mean().backward()
-                optimizer.step()
-            """,
+            _CYCLED_LOADER,
+            fixed=_CYCLED_LOADER.replace("next(datalooper).to(device)", "next(datalooper).to(device, non_blocking=True)"),
         ),
         Invalid(  # a contrastive batch: the loader's views concatenated on the host, then copied
             """
