@@ -569,7 +569,8 @@ class SplitForwardSameModule(Rule):
                 d_optimizer.step()
             """
         ),
-        Invalid(  # SAC: the critic on the replay actions, then on fresh policy actions inside `torch.min` (no fix)
+        Invalid(  # SAC: the critic on the replay actions, then on fresh policy actions inside `torch.min` and the
+            # methods applied to its result (no fix)
             """
             import torch
             import torch.nn as nn
@@ -591,7 +592,7 @@ class SplitForwardSameModule(Rule):
                         q1 = self.critic1(s, a)
                         q2 = self.critic2(s, a)
                         new_a, log_prob = self.actor.sample(s)
-                        q_new = torch.min(self.critic1(s, new_a), self.critic2(s, new_a))
+                        q_new = torch.min(self.critic1(s, new_a), self.critic2(s, new_a)).squeeze(-1).float()
                         loss = (q1 - r).pow(2).mean() + (q2 - r).pow(2).mean() + (log_prob - q_new).mean()
                         optimizer.zero_grad()
                         loss.backward()
@@ -799,7 +800,7 @@ class SplitForwardSameModule(Rule):
         small = statement.body[0]
         if not isinstance(small, cst.Assign) or len(small.targets) != 1 or not isinstance(small.value, cst.Call):
             return []
-        inner = [a.value for a in small.value.args if not a.star and isinstance(a.value, cst.Call)]
+        inner = _calls_passed_to(small.value)
         return [_Site(statement, small, call, "__NESTED__", nested=True) for call in inner
                 if not has_star_args(call) and isinstance(call.func, (cst.Name, cst.Attribute))
                 and self._callee_kind(call) is not None]
@@ -1271,6 +1272,14 @@ def _is_constant(node: cst.BaseExpression) -> bool:
     return False
 
 
+def _calls_passed_to(value: cst.Call) -> list[cst.Call]:
+    """The calls passed straight to a call, also under methods applied to its result:
+    `torch.min(q1(s, pi), q2(s, pi)).squeeze(1).to(device)` -> `q1(s, pi)`, `q2(s, pi)`."""
+    while isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call):
+        value = value.func.value
+    return [a.value for a in value.args if not a.star and isinstance(a.value, cst.Call)]
+
+
 def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
     """A cheap pre-check for _groups: two single-target assignments whose values call the same dotted name."""
     seen: set[str] = set()
@@ -1283,7 +1292,7 @@ def _repeats_a_callee(block: cst.IndentedBlock) -> bool:
         call = _base_call(small.value)
         calls = [call] if call is not None else []
         if isinstance(small.value, cst.Call):  # the calls passed straight to another call, too
-            calls += [a.value for a in small.value.args if isinstance(a.value, cst.Call)]
+            calls += _calls_passed_to(small.value)
         for call in calls:
             callee = dotted_name(call.func) or code_of(call.func)
             callee = callee[:-len(".forward")] if callee.endswith(".forward") else callee  # `net.forward(x)`: `net`
