@@ -1505,24 +1505,19 @@ class Evidence:
 
     def _yields_batches_of_loader(self, call: cst.Call, depth: int) -> bool:
         """`infiniteloop(dataloader)` with `def infiniteloop(dataloader): while True: for x, y in dataloader: yield
-        x`: a generator of this file that yields from iterating a parameter, called with a loader there."""
+        x`: a generator of this file re-yielding a parameter's items (the call graph's `#yields-parameter:`
+        marker), called with a loader there."""
         assert isinstance(call.func, cst.Name)
         definitions = self.a.functions.get(call.func.value, [])
-        if len(definitions) != 1 or not any(isinstance(n, (cst.Yield)) for n in walk(definitions[0].body)):
+        if len(definitions) != 1:
             return False
+        prefix = f"{self.a.key_of(definitions[0])}#yields-parameter:"
+        parameter = next((key[len(prefix):] for key in self.a.program_keys if key.startswith(prefix)), None)
         parameters = [p.name.value for p in definitions[0].params.params]
-        for loop in walk(definitions[0].body):
-            if not isinstance(loop, cst.For):
-                continue
-            iterated = loop.iter
-            while isinstance(iterated, cst.Call) and (dotted_name(iterated.func) or "").rsplit(".", 1)[-1] in (
-                    "iter", "enumerate", "tqdm") and iterated.args:
-                iterated = iterated.args[0].value
-            if isinstance(iterated, cst.Name) and iterated.value in parameters:
-                argument = call_arg(call, iterated.value, parameters.index(iterated.value))
-                if argument is not None and self.is_loader(argument.value, depth + 1):
-                    return True
-        return False
+        if parameter not in parameters:
+            return False
+        argument = call_arg(call, parameter, parameters.index(parameter))
+        return argument is not None and self.is_loader(argument.value, depth + 1)
 
     def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0, before: int | None = None) -> bool:
         """True when `node` is host data: a DataLoader batch (or part of one), from_numpy, a CPU factory.

@@ -741,9 +741,9 @@ class _Summariser:
         arguments = node.args
         params = tuple(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
         summary = FunctionSummary(key, class_name, node.name, params=params)
-        summary.param_classes = {a.arg: vocab.last_part(_dotted(a.annotation)) for a in (
-            *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)
-            if a.annotation is not None and _dotted(a.annotation) and vocab.last_part(_dotted(a.annotation))[:1].isupper()}
+        annotated = ((a.arg, vocab.last_part(_dotted(a.annotation)) if a.annotation is not None else "")
+                     for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
+        summary.param_classes = {name: cls for name, cls in annotated if cls[:1].isupper()}
         if class_name is not None and node.name in ("forward", "training_step") and self._is_module(class_name):
             summary.seed = Frequency.PER_STEP
         for decorator in node.decorator_list:
@@ -2242,7 +2242,8 @@ class CallGraph:
         A loop key is `<function key>#loop<n>`, n counting the function's loops in source order; a function the
         program calls only now and then gets `<function key>#rare`, one called per step of such a function's
         rollout (an evaluation episode) `<function key>#rare-rollout`, a loader's `collate_fn` that moves nothing to
-        a device `<function key>#collate`, and one that trains when called (itself or
+        a device `<function key>#collate`, a generator re-yielding a parameter's items
+        `<function key>#yields-parameter:<parameter>`, and one that trains when called (itself or
         through what it calls, in any file) `<function key>#trains` (`<module>#trains`: the script's top level).
         A function that calls a helper uploading its argument to a device gets `<function key>#uploads:<name>`, one
         that calls a helper reading its argument back to the host `<function key>#downloads:<name>`, one that calls
@@ -2286,6 +2287,10 @@ class CallGraph:
                         found.setdefault(path, {})[f"{fn.key}#loop{index}#outer"] = Frequency.ONCE
         for path, key in self._trainer_set:
             found.setdefault(path, {})[f"{key}#trains"] = Frequency.PER_STEP
+        for path, summary in self.files.items():  # generators re-yielding a parameter's items (`infiniteloop(dl)`)
+            for fn in summary.functions.values():
+                if fn.yields_parameter is not None:
+                    found.setdefault(path, {})[f"{fn.key}#yields-parameter:{fn.yields_parameter}"] = Frequency.ONCE
         for path, key in self._collate_functions():  # batches assembled on the host (in the loader's workers)
             if not self.files[path].functions[key].moves_to_device:
                 found.setdefault(path, {})[f"{key}#collate"] = Frequency.ONCE
