@@ -1512,11 +1512,11 @@ class Evidence:
         if len(definitions) != 1:
             return False
         prefix = f"{self.a.key_of(definitions[0])}#yields-parameter:"
-        parameter = next((key[len(prefix):] for key in self.a.program_keys if key.startswith(prefix)), None)
         parameters = [p.name.value for p in definitions[0].params.params]
-        if parameter not in parameters:
+        position = next((i for i, name in enumerate(parameters) if prefix + name in self.a.program_keys), None)
+        if position is None:
             return False
-        argument = call_arg(call, parameter, parameters.index(parameter))
+        argument = call_arg(call, parameters[position], position)
         return argument is not None and self.is_loader(argument.value, depth + 1)
 
     def is_cpu_source(self, node: cst.BaseExpression, depth: int = 0, before: int | None = None) -> bool:
