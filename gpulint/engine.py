@@ -23,6 +23,7 @@ from gpulint.semantic.callgraph import Frequency, ProgramCalls, call_graph_state
 from gpulint.rule import DefinitionRequest, ImportRequest, Report, Rule, RuleContext
 from gpulint.source import newline_of
 from gpulint.suppressions import apply_suppressions
+from gpulint.textscan import quick
 
 
 @dataclass
@@ -80,7 +81,7 @@ class ProgramFacts:
         if key not in self._found:
             with program_work():
                 self._found[key] = [(path, match) for path, text in self.sources.items()
-                                    for match in regex.finditer(text)]
+                                    for match in quick(regex).finditer(text)]
         return self._found[key]
 
     def derived(self, key: str, build: Callable[["ProgramFacts"], Any]) -> Any:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from gpulint.program import mentions
 from gpulint.semantic import pyast
+from gpulint.textscan import quick
 
 # convolutional networks: their compute is convolutions, which cuDNN already runs in TF32
 _CNN_CONSTRUCTORS = r"\bresnet\d+\(|\befficientnet|\bdensenet\d+\(|\bvgg\d+\(|\bconvnext_\w+\("
@@ -260,7 +261,7 @@ def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> No
 def _big_model_named(text: str) -> str | None:
     """The first well-known large model `text` names (remembered per text: asked of every related file for every
     file)."""
-    match = _BIG_MODEL.search(text)
+    match = quick(_BIG_MODEL).search(text)
     return match.group() if match else None
 
 

@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
+from gpulint.textscan import quick
+
 MAIN_GUARD_TEXT = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
 
 _IMPORT_TEXT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)"
@@ -235,7 +237,7 @@ def current_text(ctx) -> str:
 def mentions(pattern: re.Pattern[str], text: str) -> bool:
     """Does `pattern` occur in `text`? Remembered per process: program-level checks ask it of every related file
     for every file of the program (a folder of N library files would otherwise cost N^2 scans)."""
-    return pattern.search(text) is not None
+    return quick(pattern).search(text) is not None
 
 
 def related_texts(ctx) -> dict[str, str]:
@@ -327,7 +329,7 @@ def related_targets_cuda(ctx) -> bool:
     cached = index.cuda_related.get(ctx.path)
     if cached is None:
         cached = index.cuda_related[ctx.path] = any(
-            PROGRAM_CUDA_TEXT.search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
+            quick(PROGRAM_CUDA_TEXT).search(index.sources[path]) for path in index.related(ctx.path) if path != ctx.path)
     return cached
 
 

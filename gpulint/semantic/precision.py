@@ -1,6 +1,7 @@
 """Precision facts of a program: TF32 settings, autocast regions and their dtypes."""
 
 import ast
+import bisect
 import io
 import os
 import re
@@ -16,6 +17,7 @@ from gpulint import HotKind
 from gpulint.analysis import CUDA_TEXT_PATTERN, BindingKind, call_arg, walk
 from gpulint.program import MAIN_GUARD_TEXT, PLACEMENT_TEXT, mentions, program_index
 from gpulint.semantic import pyast
+from gpulint.textscan import quick
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cpu.amp.autocast"}
@@ -430,10 +432,12 @@ def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
 def in_code(pattern: re.Pattern, text: str) -> bool:
     """Does `pattern` match `text` outside its comments and docstrings? (Tokenizes only texts that match;
     remembered, as `mentions` is.)"""
-    matches = [m.start() for m in pattern.finditer(text)]
+    matches = [m.start() for m in quick(pattern).finditer(text)]
     if not matches:
         return False
-    return any(not any(start <= at < end for start, end in _comment_and_docstring_spans(text)) for at in matches)
+    spans = _comment_and_docstring_spans(text)
+    starts = [start for start, _ in spans]  # in text order: the span that may hold `at` starts last before it
+    return any((index := bisect.bisect_right(starts, at) - 1) < 0 or at >= spans[index][1] for at in matches)
 
 
 @lru_cache(maxsize=256)
