@@ -1481,6 +1481,8 @@ class Evidence:
                                                         or self._yields_batches_of_loader(node, depth))
         if isinstance(node, cst.Subscript):  # `loaders[phase]` of `loaders = {"train": DataLoader(...), ...}`
             return self.is_loader(node.value, depth + 1)
+        if isinstance(node, cst.IfExp):  # `tqdm(enumerate(loader)) if is_train else enumerate(loader)`
+            return self.is_loader(node.body, depth + 1) and self.is_loader(node.orelse, depth + 1)
         if isinstance(node, cst.Dict):
             return bool(node.elements) and all(isinstance(e, cst.DictElement) and self.is_loader(e.value, depth + 1)
                                                for e in node.elements)
@@ -1601,6 +1603,11 @@ class Evidence:
         """A parameter of the enclosing function that its callers pass part of a loader's batch (`#batch-parameter:`
         marker of the program's call graph: `for x, y in loader: calc_loss(x, y, model)`)."""
         return self._parameter_marked("batch-parameter", parameter)
+
+    def receives_device_tensor(self, parameter: str) -> bool:
+        """A parameter of the enclosing function that every caller passes a GPU tensor for (`#device-parameter:`
+        marker of the program's call graph: `log_step(writer, loss, acc, step)` in the training loop)."""
+        return self._parameter_marked("device-parameter", parameter)
 
     def _parameter_marked(self, marker: str, parameter: str) -> bool:
         function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)

@@ -45,6 +45,16 @@ def _reads_global(function: cst.FunctionDef, name: str) -> bool:
     return (declared or not local) and any(isinstance(n, cst.Name) and n.value == name for n in walk(function.body))
 
 
+def _packed(container: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values a container holds: a call's arguments (`Munch(generator=g)`, `dict(g=g)`), a dict's values, a
+    tuple's or list's elements."""
+    if isinstance(container, cst.Call):
+        return [arg.value for arg in container.args]
+    if isinstance(container, cst.Dict):
+        return [element.value for element in container.elements if isinstance(element, cst.DictElement)]
+    return [element.value for element in container.elements]  # type: ignore[attr-defined]
+
+
 def _root(node: cst.BaseExpression) -> cst.BaseExpression:
     """`model.cuda()` -> `model`; `model.features.to(dev)` -> `model.features`."""
     while isinstance(node, cst.Call) and method_name(node) in _MOVES:
@@ -150,6 +160,22 @@ class DataParallel(Rule):
             model, optimizer = setup(Net().cuda(), args)
             for x, y in loader:
                 criterion(model(x.cuda()), y.cuda()).backward()
+                optimizer.step()
+            """
+        ),
+        Invalid(  # a factory packing the wrapped networks into a container it returns; a frozen helper network
+            # wrapped beside them for inference only (`.eval()`) is not trained
+            """
+            import torch.nn as nn
+            def build_model(args):
+                generator = nn.DataParallel(Generator(args.img_size))  # error: GPU060
+                discriminator = nn.DataParallel(Discriminator(args.img_size))  # error: GPU060
+                landmarks = nn.DataParallel(FaceAlignment(args.wing_path).eval())
+                return dict(generator=generator, discriminator=discriminator), landmarks
+            nets, landmarks = build_model(args)
+            for x, y in loader:
+                loss = nets["discriminator"](nets["generator"](x.cuda())).mean()
+                loss.backward()
                 optimizer.step()
             """
         ),
@@ -343,7 +369,11 @@ class DataParallel(Rule):
         # kept on an object or returned (a trainer class or another file trains it), in a program that trains
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
         handed_on = target.startswith("self.") or target == "<return>" or self._returned(target, body)
-        inference = _INFERENCE.search(self.ctx.code(scope)) is not None
+        # (an inference wrapper: `DataParallel(FAN(...).eval())`, or `model.eval()` / `load_state_dict` on the target
+        # in the same scope; not another module's `.eval()` there)
+        mentioned = re.compile(rf"(?<![\w.]){re.escape(target)}\b")
+        inference = _INFERENCE.search(self.ctx.code(node)) is not None or any(
+            _INFERENCE.search(line) and mentioned.search(line) for line in self.ctx.code(scope).splitlines())
         return not (handed_on and not inference
                     and any(mentions(_TRAINS, text) for text in related_texts(self.ctx).values()))
 
@@ -405,10 +435,20 @@ class DataParallel(Rule):
 
     @staticmethod
     def _returned(target: str, body: cst.CSTNode) -> bool:
+        """Is `target` returned, alone, in a tuple, or packed into a returned container (`nets = Munch(generator=
+        generator, ...)`, `nets = {"g": generator}`, then `return nets, nets_ema`)?"""
+        returned: set[str] = set()
         for n in walk(body):
             if isinstance(n, cst.Return) and n.value is not None:
                 values = [e.value for e in n.value.elements] if isinstance(n.value, cst.Tuple) else [n.value]
-                for returned in map(dotted_name, values):  # `return model` / `return model, optimizer`
-                    if returned is not None and (target == returned or target.startswith(returned + ".")):
-                        return True  # `model.features = DataParallel(...)`, then `return model`
+                values += [part for value in values if isinstance(value, (cst.Call, cst.Dict, cst.List))
+                           for part in _packed(value)]  # `return dict(generator=generator), fan`
+                returned.update(filter(None, map(dotted_name, values)))  # `return model` / `return model, opt`
+        if any(target == name or target.startswith(name + ".") for name in returned):
+            return True  # `model.features = DataParallel(...)`, then `return model`
+        for n in walk(body):
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and dotted_name(n.targets[0].target) in returned \
+                    and isinstance(n.value, (cst.Call, cst.Dict, cst.Tuple, cst.List)) \
+                    and any(dotted_name(part) == target for part in _packed(n.value)):
+                return True
         return False

@@ -174,6 +174,32 @@ class H2dCopyBlocking(Rule):
                 optimizer.step()
             """,
         ),
+        Invalid(  # the loop iterates the loader through a progress bar chosen by a conditional expression
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            def run_epoch(model, data, optimizer, device, is_train):
+                loader = DataLoader(data, shuffle=True, pin_memory=True, batch_size=64, num_workers=4)
+                pbar = tqdm(enumerate(loader), total=len(loader)) if is_train else enumerate(loader)
+                for it, (x, y) in pbar:
+                    x = x.to(device)  # error: GPU011
+                    loss = torch.nn.functional.cross_entropy(model(x), y.to(device))  # error: GPU011
+                    loss.backward()
+                    optimizer.step()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            def run_epoch(model, data, optimizer, device, is_train):
+                loader = DataLoader(data, shuffle=True, pin_memory=True, batch_size=64, num_workers=4)
+                pbar = tqdm(enumerate(loader), total=len(loader)) if is_train else enumerate(loader)
+                for it, (x, y) in pbar:
+                    x = x.to(device, non_blocking=True)  # error: GPU011
+                    loss = torch.nn.functional.cross_entropy(model(x), y.to(device, non_blocking=True))  # error: GPU011
+                    loss.backward()
+                    optimizer.step()
+            """,
+        ),
         Invalid(  # batches drawn from a generator that cycles over the loader
             _CYCLED_LOADER,
             fixed=_CYCLED_LOADER.replace("next(datalooper).to(device)", "next(datalooper).to(device, non_blocking=True)"),

@@ -749,6 +749,43 @@ class HostSyncInHotLoop(Rule):
                 return sum(losses) / len(losses)
             """,
         ),
+        Invalid(  # a logging helper the step calls: every caller passes it the GPU loss, so its parameter is one
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def log_metrics(writer, loss, step):
+                writer.add_scalar("train/loss", loss, step)  # error: GPU005
+                print(f"step {step}: loss {loss:.4f}")  # error: GPU005
+
+            def train(model, loader, optimizer, writer):
+                for step, (x, y) in enumerate(loader):
+                    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+                    loss = F.cross_entropy(model(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    log_metrics(writer, loss, step)
+            """,
+        ),
+        Valid(  # the same helper, but one caller passes a Python number: the parameter is not proven a tensor
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def log_metrics(writer, loss, step):
+                writer.add_scalar("train/loss", loss, step)
+
+            def train(model, loader, optimizer, writer):
+                for step, (x, y) in enumerate(loader):
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    log_metrics(writer, loss, step)
+                log_metrics(writer, loss.item(), -1)
+            """,
+        ),
         Invalid(
             """
             import torch

@@ -600,6 +600,36 @@ class SplitForwardSameModule(Rule):
             """,
             count=2,
         ),
+        Invalid(  # the critic handed to the trainer through a keyword dict (`CQL(**kwargs)`), then called on the
+            # dataset actions and on random actions for the same observations
+            """
+            import torch
+            import torch.nn as nn
+            class QFunction(nn.Module):
+                def __init__(self, obs_dim, act_dim):
+                    super().__init__()
+                    self.net = nn.Sequential(nn.Linear(obs_dim + act_dim, 256), nn.ReLU(), nn.Linear(256, 1))
+                def forward(self, obs, act):
+                    return self.net(torch.cat([obs, act], -1))
+            class CQL:
+                def __init__(self, critic, critic_optimizer):
+                    self.critic = critic
+                    self.critic_optimizer = critic_optimizer
+                def train_step(self, obs, actions, target):
+                    q_data = self.critic(obs, actions)  # error: GPU070
+                    q_random = self.critic(obs, torch.rand_like(actions) * 2 - 1)
+                    loss = (q_data - target).pow(2).mean() + q_random.logsumexp(0).mean()
+                    self.critic_optimizer.zero_grad()
+                    loss.backward()
+                    self.critic_optimizer.step()
+            def train(buffer, steps):
+                critic = QFunction(17, 6).cuda()
+                kwargs = {"critic": critic, "critic_optimizer": torch.optim.Adam(critic.parameters(), fused=True)}
+                trainer = CQL(**kwargs)
+                for _ in range(steps):
+                    trainer.train_step(*buffer.sample(256))
+            """,
+        ),
         Invalid(
             """
             import torch

@@ -2,7 +2,8 @@
 
 Programs under tests/data/semantic/<program>/ state their expectations in comments: `# frequency: per-step` on a
 `def` line (the call graph's verdict for that function; `once` when no caller repeats it), `# batch-params: x-y`
-on a `def` line (its parameters that callers pass parts of a loader's batch; `none`) and `# hot: rollout`
+on a `def` line (its parameters that callers pass parts of a loader's batch; `none`), `# device-params: x-y` (those
+every caller passes a GPU tensor for; `none`) and `# hot: rollout`
 on a loop line (the hot-region kind the per-file analysis gives the loop; `none` when it is not hot)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gpulint.semantic.callgraph import CallGraph, Frequency, call_graph_state
 from gpulint.semantic.loaders import LoaderFlow
 
 PROGRAMS = sorted(p for p in (Path(__file__).parent / "data" / "semantic").iterdir() if p.is_dir())
-_EXPECT = re.compile(r"(?:#|,)\s*(frequency|hot|feeds-training|per-epoch|batch-params):\s*([\w-]+)")
+_EXPECT = re.compile(r"(?:#|,)\s*(frequency|hot|feeds-training|per-epoch|batch-params|device-params):\s*([\w-]+)")
 
 
 def _sources(program: Path) -> dict[str, str]:
@@ -66,13 +67,16 @@ def test_function_frequency(program: Path, path: str, line: int, expected: str) 
     assert found.name.lower().replace("_", "-") == expected, f"{path}:{line} {key}"
 
 
-@pytest.mark.parametrize("program, path, line, expected", _expectations("batch-params"),
-                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
-def test_parameters_receiving_a_batch(program: Path, path: str, line: int, expected: str) -> None:
+@pytest.mark.parametrize("program, path, line, expected, marker", [
+    *((*case, "batch-parameter") for case in _expectations("batch-params")),
+    *((*case, "device-parameter") for case in _expectations("device-params"))],
+    ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_parameters_proven_by_callers(program: Path, path: str, line: int, expected: str, marker: str) -> None:
+    """Parameters the callers pass parts of a loader's batch, or GPU tensors, for."""
     sources = _sources(program)
     key = _function_keys(sources[path])[line]
     markers = CallGraph(sources).by_file().get(path, {})
-    found = sorted(m.split(":", 1)[1] for m in markers if m.startswith(f"{key}#batch-parameter:"))
+    found = sorted(m.split(":", 1)[1] for m in markers if m.startswith(f"{key}#{marker}:"))
     assert ("-".join(found) or "none") == expected, f"{path}:{line} {key}: {found}"
 
 

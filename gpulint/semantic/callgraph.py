@@ -85,6 +85,9 @@ class CallSite:
     numbers_only: bool = False  # passes only Python numbers (`logger.update(loss=loss.item(), lr=lr)`)
     # (keyword or position) of arguments an environment returned (`agent.act(time_step.observation)`)
     observed: tuple[str | int, ...] = ()
+    # every (keyword or position) passed, None when a `*args`/`**kwargs` hides some; those holding GPU tensors
+    slots: tuple[str | int, ...] | None = None
+    device_slots: tuple[str | int, ...] = ()
 
     @property
     def loop(self) -> int:
@@ -144,6 +147,11 @@ class FunctionSummary:
     throttle_flags: set[str] = field(default_factory=set)
     # names bound to what a host-side environment returns (`obs, r, done, _ = env.step(a)`, `obs = env.reset()`)
     env_names: set[str] = field(default_factory=set)
+    # names holding GPU tensors at this point of the walk, by how they were made: moved (`x.cuda()`), a network's
+    # output, computed from such names with tensor ops (`acc = (out.argmax(1) == y).float().mean()`)
+    device_names: set[str] = field(default_factory=set)
+    # names bound to a dict literal with string keys, at this point of the walk (`kwargs = {"actor": actor}`)
+    keyword_dicts: dict[str, list[tuple[str, ast.expr]]] = field(default_factory=dict)
     # a function it defines and returns (`def make_train_fn(...): def train(x, y): ...; return train`)
     returns_function: str | None = None
     # parameters annotated with a class (`def evaluate(state, nn: NeuralNetwork)`): name -> the class's last name
@@ -577,6 +585,7 @@ class _Summariser:
                     fn.call_loops.append((id(node), _call_target(called[0]),
                                           tuple(tuple(_loop_sources(arg)) for arg in called[1])))
                 fn.loop_targets[id(node)] = _item_names(node)
+                fn.device_names.difference_update(n.id for n in pyast.walk(node.target) if isinstance(n, ast.Name))
             if loops:
                 self.file.nested_loops.add(id(node))
             if _iterates_loader(node):
@@ -617,6 +626,9 @@ class _Summariser:
             for case in node.cases:  # type: ignore[attr-defined]
                 self._visit_block(case.body, fn, loops, throttled, owner)
             return
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            self._track_device_names(node, fn)
+            _track_keyword_dicts(node, fn)
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
             self._record_partial(node)
@@ -687,6 +699,8 @@ class _Summariser:
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
                 loss = call.args[0] if call.args else call.func.value
                 fn.backward_names.update(n.id for n in pyast.walk(loss) if isinstance(n, ast.Name))
+                if isinstance(loss, ast.Name):  # backpropagated: a tensor, of the step of a CUDA program
+                    fn.device_names.add(loss.id)
             elif isinstance(call.func, ast.Attribute) and call.func.attr == "grad" and call.args \
                     and vocab.last_part(_dotted(call.func.value)) == "autograd":
                 # `torch.autograd.grad(kl, params)` differentiates its outputs as `.backward()` does
@@ -700,18 +714,28 @@ class _Summariser:
                 self._record_collate(call, fn)
             self._record_arguments(dotted, call)
             target = _call_target(dotted)
+            # (`Trainer(**kwargs)` with `kwargs = {"actor": actor, ...}` built in the function: its entries)
+            keywords = [(k.arg, k.value) for k in call.keywords if k.arg] + [
+                entry for k in call.keywords if k.arg is None and isinstance(k.value, ast.Name)
+                for entry in fn.keyword_dicts.get(k.value.id, ())]
             passed = tuple((i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)) + tuple(
-                (k.arg, k.value.id) for k in call.keywords if k.arg and isinstance(k.value, ast.Name))
-            arguments = [*enumerate(call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
+                (keyword, value.id) for keyword, value in keywords if isinstance(value, ast.Name))
+            arguments = [*enumerate(call.args), *keywords]
             built = tuple((slot, cls) for slot, value in arguments if (cls := _constructed_class(value)))
             references = tuple((slot, reference) for slot, value in arguments
                                if isinstance(value, ast.Attribute) and (reference := _dotted(value)))
-            values = [*call.args, *(k.value for k in call.keywords)]
+            values = [*call.args, *(value for _, value in keywords)]
             observed = tuple(slot for slot, value in arguments if _observed(value, fn.env_names)) \
                 if fn.env_names else ()
+            hidden = any(isinstance(a, ast.Starred) for a in call.args) or any(
+                k.arg is None and not (isinstance(k.value, ast.Name) and k.value.id in fn.keyword_dicts)
+                for k in call.keywords)
+            device_slots = tuple(slot for slot, value in arguments if self._on_device(value, fn.device_names, fn)) \
+                if fn.device_names and not hidden else ()
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards), bool(values) and all(
-                                         _is_number(v, self._number_names) for v in values), observed))
+                                         _is_number(v, self._number_names) for v in values), observed,
+                                     None if hidden else tuple(slot for slot, _ in arguments), device_slots))
             started = _started_function(dotted, call) or _applied_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
@@ -725,6 +749,66 @@ class _Summariser:
                     fn.env_at_top = True
                 elif vocab.is_network_call(dotted, self.network_names) or self._annotated_network(fn, dotted):
                     fn.network_at_top = True
+
+    def _track_device_names(self, node: ast.Assign | ast.AnnAssign | ast.AugAssign, fn: FunctionSummary) -> None:
+        """Keep `fn.device_names` as the walk passes an assignment: its targets hold GPU tensors from here on, or
+        no longer do (`loss = loss.item()`); `total += loss` makes `total` one, adding a number keeps it."""
+        value = node.value
+        if isinstance(node, ast.AugAssign):
+            if isinstance(node.target, ast.Name) and self._on_device(value, fn.device_names, fn):
+                fn.device_names.add(node.target.id)
+            return
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+                    and len(target.elts) == len(value.elts):
+                pairs = list(zip(target.elts, value.elts))  # `x, y = x.cuda(), y.cuda()`
+            elif isinstance(target, (ast.Tuple, ast.List)):  # `logits, value = net(x)`: every output
+                whole = isinstance(value, ast.Call) and self._network_call(fn, _dotted(value.func))
+                pairs = [(element, value if whole else None) for element in target.elts]
+            else:
+                pairs = [(target, value)]
+            for bound, part in pairs:
+                if isinstance(bound, ast.Name):
+                    if part is not None and self._on_device(part, fn.device_names, fn):
+                        fn.device_names.add(bound.id)
+                    else:
+                        fn.device_names.discard(bound.id)
+
+    def _network_call(self, fn: FunctionSummary, dotted: str | None) -> bool:
+        return vocab.is_network_call(dotted, self.network_names) or self._annotated_network(fn, dotted)
+
+    def _on_device(self, node: ast.expr, device: set[str], fn: FunctionSummary) -> bool:
+        """Does `node` evaluate to a GPU tensor, given the names in `device` hold some? A move to a device, a
+        network's output, or tensor ops (operators, tensor methods, `torch.*`/`F.*` functions) on such a value;
+        never a read back (`.item()`, `.cpu()`), a shape or a size."""
+        if isinstance(node, ast.Name):
+            return node.id in device
+        if isinstance(node, ast.Subscript):  # `out[0]`, not `x.shape[0]` (an attribute: not followed)
+            return self._on_device(node.value, device, fn)
+        if isinstance(node, ast.BinOp):
+            return self._on_device(node.left, device, fn) or self._on_device(node.right, device, fn)
+        if isinstance(node, ast.UnaryOp):
+            return not isinstance(node.op, ast.Not) and self._on_device(node.operand, device, fn)
+        if isinstance(node, ast.Compare):
+            return not any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) and any(
+                self._on_device(side, device, fn) for side in (node.left, *node.comparators))
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            receiver = _dotted(func.value)
+            if func.attr in ("cuda", "to") and _module_moved(func.value):
+                return False  # `Net().cuda()`, `model.to(device)`: a network moved, no tensor
+            if func.attr == "cuda" and receiver not in ("torch", "torch.cuda"):
+                return True
+            if func.attr == "to":
+                return _to_a_device(node)
+            if func.attr in _DEVICE_KEEPING_METHODS and not (receiver or "").startswith(("np.", "numpy.", "math.")):
+                return self._on_device(func.value, device, fn)
+            if receiver in _TORCH_FUNCTION_MODULES:
+                return any(self._on_device(a, device, fn) for a in (*node.args, *(k.value for k in node.keywords)))
+        return self._network_call(fn, _dotted(func))
 
     def _annotated_network(self, fn: FunctionSummary, dotted: str | None) -> bool:
         """`nn(x)` or `nn.forward_for_alphazero(x)` on a parameter annotated with a network class of the program
@@ -882,6 +966,52 @@ class _Summariser:
                     classes = self.file.instances.setdefault(name, [])
                     if built not in classes:  # `if acktr: self.opt = KFAC(...) else: self.opt = optim.RMSprop(...)`
                         classes.append(built)
+
+
+# tensor methods whose result stays on the tensor's device (a host read, a size or a shape is none of them)
+_DEVICE_KEEPING_METHODS = frozenset({
+    "float", "double", "half", "bfloat16", "long", "int", "bool", "mean", "sum", "prod", "max", "min", "argmax",
+    "argmin", "detach", "clone", "view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "abs", "pow",
+    "sqrt", "exp", "log", "softmax", "log_softmax", "sigmoid", "tanh", "norm", "std", "var", "gather", "t",
+    "transpose", "permute", "clamp", "mul", "add", "sub", "div", "eq", "ne", "gt", "lt", "ge", "le", "neg",
+    "type_as", "expand", "expand_as", "repeat", "masked_fill", "cumsum", "square"})
+_TORCH_FUNCTION_MODULES = frozenset({"torch", "F", "torch.nn.functional", "nn.functional"})
+_NOT_DEVICES = frozenset({"cpu", "float", "double", "half", "bfloat16", "float16", "float32", "float64", "int64",
+                          "long", "int", "int32", "bool", "uint8"})
+
+
+def _track_keyword_dicts(node: ast.Assign | ast.AnnAssign | ast.AugAssign, fn: FunctionSummary) -> None:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for target in targets:
+        if isinstance(target, ast.Name):
+            value = node.value
+            if isinstance(value, ast.Dict) and not isinstance(node, ast.AugAssign) and all(
+                    isinstance(key, ast.Constant) and isinstance(key.value, str) for key in value.keys):
+                fn.keyword_dicts[target.id] = [(key.value, v) for key, v in zip(value.keys, value.values)]  # type: ignore[union-attr]
+            else:
+                fn.keyword_dicts.pop(target.id, None)
+
+
+def _module_moved(receiver: ast.expr) -> bool:
+    """The receiver of a `.cuda()`/`.to()` is a module: a class built there (`Net(...)`) or a value named as networks
+    are (`model`, `self.policy`)."""
+    if isinstance(receiver, ast.Call):
+        built = vocab.last_part(_dotted(receiver.func))
+        return built[:1].isupper() and not built.endswith("Tensor") and built != "Variable"
+    name = _dotted(receiver)
+    return name is not None and bool(vocab.MODEL_NAME.search(vocab.last_part(name)))
+
+
+def _to_a_device(call: ast.Call) -> bool:
+    """`x.to(device)`, `x.to("cuda", non_blocking=True)`, `x.to(device=d)`; not `x.to(torch.float16)`, `x.to("cpu")`,
+    `x.to(dtype=...)`."""
+    target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
+    if target is None:
+        return False
+    if isinstance(target, ast.Constant):
+        return isinstance(target.value, str) and target.value.startswith("cuda")
+    name = _dotted(target)
+    return name is not None and vocab.last_part(name) not in _NOT_DEVICES and not name.endswith("dtype")
 
 
 _HOST_CONSTRUCTORS = frozenset({"from_numpy", "tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor",
@@ -1688,6 +1818,26 @@ class CallGraph:
                 break
         return found
 
+    def _device_parameters(self) -> set[tuple[str, str, str]]:
+        """(path, key, parameter) of parameters that every call of their function seen in the program passes a GPU
+        tensor for (`log_step(writer, loss, acc, step)` after `loss.backward()`): proven by how the callers made
+        the value, so a helper's `writer.add_scalar("loss", loss)` is known to read a GPU value back."""
+        calls: dict[tuple[str, str], int] = {}
+        passed: dict[tuple[str, str, str], int] = {}
+        on_device: dict[tuple[str, str, str], bool] = {}
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                for site in fn.sites:
+                    for callee in self.resolve(path, fn, site.target):
+                        calls[callee] = calls.get(callee, 0) + 1
+                        for slot in site.slots or ():
+                            parameter = self._slot_parameter(callee, site, slot)
+                            if parameter is not None:
+                                held = (*callee, parameter)
+                                passed[held] = passed.get(held, 0) + 1
+                                on_device[held] = on_device.get(held, True) and slot in site.device_slots
+        return {held for held, every in on_device.items() if every and passed[held] == calls[held[:2]]}
+
     def _slot_parameter(self, callee: tuple[str, str], site: CallSite, slot: str | int) -> str | None:
         params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site.target)
         param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
@@ -2323,6 +2473,8 @@ class CallGraph:
                         found.setdefault(path, {})[f"{init.class_name}#holds:{target[5:]}:{built}"] = Frequency.ONCE
         for path, key, parameter in self._batch_parameters():
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
+        for path, key, parameter in self._device_parameters():
+            found.setdefault(path, {})[f"{key}#device-parameter:{parameter}"] = Frequency.ONCE
         passed = {pair for summary in self.files.values() for pair in summary.arguments_passed}
         for path, summary in self.files.items():  # `def collate(batch, device="cpu")` given a device by its callers
             for fn in summary.functions.values():

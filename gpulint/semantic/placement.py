@@ -408,6 +408,8 @@ class Placement:
                     kinds.append(None)
             elif binding.kind is BindingKind.FOR:
                 kinds.append(self._for_target(binding))
+            elif binding.kind is BindingKind.PARAM:
+                kinds.append(DEVICE if self.ev.receives_device_tensor(node.value) else None)
             elif binding.kind is BindingKind.AUGMENT:  # `total += t.sum()` makes a tensor of a Python number
                 kind = self.of(binding.value, depth + 1, binding.order)
                 if kind is not DEVICE:

@@ -1,0 +1,11 @@
+def log_step(writer, loss, accuracy, step):  # device-params: loss
+    writer.add_scalar("loss", loss, step)
+    writer.add_scalar("accuracy", accuracy, step)
+
+
+def log_value(writer, name, value, step):  # device-params: none
+    writer.add_scalar(name, value, step)
+
+
+def summarise(logits, labels):  # device-params: logits
+    return (logits.argmax(1) == labels).float().mean()
