@@ -998,7 +998,11 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             continue  # sampling or evaluating every N steps (here, or around every call of this function)
         elif region.env_step or (
                 (region.network_call or region.called & rollout_functions or resolved is Frequency.PER_ROLLOUT_STEP)
-                and _repeats(loop) and not vocab.EVAL_FUNCTION.match(region.function_name)
+                # (over a name, the call graph's verdict says whether it counts: `for i in indices` with `indices =
+                # list(range(T))[::-1]`)
+                and (_repeats(loop) or resolved is Frequency.PER_ROLLOUT_STEP and isinstance(loop, cst.For)
+                     and isinstance(loop.iter, cst.Name))
+                and not vocab.EVAL_FUNCTION.match(region.function_name)
                 and f"{region.loop_key}#outer" not in called
                 and id(loop) not in around_hot):
             a.hot.setdefault(id(loop), HotKind.ROLLOUT)

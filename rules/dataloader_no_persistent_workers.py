@@ -278,6 +278,37 @@ class DataloaderNoPersistentWorkers(Rule):
                 train(model, loader, optimizer)
             """,
         ),
+        Invalid(  # loaders kept in a dict by phase, each iterated once per epoch
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            train_loader = DataLoader(train_set, batch_size=20, shuffle=True, num_workers=4)
+            val_loader = DataLoader(val_set, batch_size=20, num_workers=4)
+            loaders = {"train": train_loader, "val": val_loader}
+            for epoch in range(epochs):
+                for phase in ["train", "val"]:
+                    for inputs, labels in tqdm(loaders[phase]):
+                        loss = criterion(model(inputs.cuda()), labels.cuda())
+                        if phase == "train":
+                            loss.backward()
+                            optimizer.step()
+            """,
+            fixed="""
+            import torch
+            from torch.utils.data import DataLoader
+            train_loader = DataLoader(train_set, batch_size=20, shuffle=True, num_workers=4, persistent_workers=True)
+            val_loader = DataLoader(val_set, batch_size=20, num_workers=4, persistent_workers=True)
+            loaders = {"train": train_loader, "val": val_loader}
+            for epoch in range(epochs):
+                for phase in ["train", "val"]:
+                    for inputs, labels in tqdm(loaders[phase]):
+                        loss = criterion(model(inputs.cuda()), labels.cuda())
+                        if phase == "train":
+                            loss.backward()
+                            optimizer.step()
+            """,
+            count=2,
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),

@@ -4,7 +4,7 @@ import re
 
 import libcst as cst
 
-from gpulint import HotKind, Invalid, MicroCheck, Rule, Safety, Severity, Valid
+from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
 from gpulint.analysis import (LEGACY_HOST_TENSOR, BindingKind, call_arg, dotted_name, is_numeric_literal,
                               legacy_sized_allocation, method_name, walk)
 from gpulint.builders import add_keyword
@@ -813,7 +813,7 @@ class FactoryThenMove(Rule):
         kind = Placement(self.ctx).device_kind(target.value)
         if kind == TENSOR:
             return None  # `.to(torch.float16)`: a cast
-        if kind is None and not rest and call_arg(node, "dtype") is None and self._device_tensor(target.value):
+        if kind is None and not rest and call_arg(node, "dtype") is None and Placement(self.ctx).device_tensor(target.value):
             # `.to(x)` of a tensor on the device: its device and its dtype
             code = self.ctx.code(target.value)
             return cst.parse_expression(f"{code}.device"), cst.parse_expression(f"{code}.dtype")
@@ -829,15 +829,6 @@ class FactoryThenMove(Rule):
             if len(rest) == 2 and not isinstance(rest[1].value, cst.Name):
                 return None  # the third positional is non_blocking
         return target.value, (dtype_arg.value if dtype_arg is not None else None)
-
-    def _device_tensor(self, value: cst.BaseExpression) -> bool:
-        """A tensor on the device: placed there, or an input of a network's `forward` in a CUDA program."""
-        if Placement(self.ctx).of(value) == DEVICE:
-            return True
-        function = self.ctx.enclosing(cst.FunctionDef)
-        return isinstance(value, cst.Name) and function is not None and function.name.value == "forward" \
-            and self.ctx.hot_kind() is HotKind.FORWARD and self.ctx.targets_cuda() \
-            and value.value in {p.name.value for p in function.params.params[1:]}
 
     def _integer_range(self, factory: cst.Call, kind: str) -> bool:
         """Integer `arange` (integer literals, a single bound, or an integer dtype): exact on every device."""

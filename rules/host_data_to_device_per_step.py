@@ -414,6 +414,25 @@ class HostDataToDevicePerStep(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # anchor shifts computed in NumPy in a layer's forward, copied to the device of its input with
+            # `type_as` every step (no fix: the copy is spelled as a cast)
+            """
+            import numpy as np
+            import torch
+            import torch.nn as nn
+
+            class AnchorTargetLayer(nn.Module):
+                def forward(self, inputs):
+                    scores, gt_boxes = inputs[0], inputs[1]
+                    height, width = scores.size(2), scores.size(3)
+                    shift_x, shift_y = np.meshgrid(np.arange(width) * 16, np.arange(height) * 16)
+                    shifts = np.vstack((shift_x.ravel(), shift_y.ravel())).transpose()
+                    shifts = torch.from_numpy(shifts).type_as(gt_boxes)  # error: GPU013
+                    return shifts.view(1, -1, 2) + gt_boxes[:, :, :2]
+
+            layer = AnchorTargetLayer().cuda()
+            """
+        ),
         Invalid(  # a noise schedule built on the CPU once, copied whole at every one of the sampler's T steps
             """
             import torch
@@ -497,7 +516,12 @@ class HostDataToDevicePerStep(Rule):
         if self._uploading_helper(node) or not self._constructs:
             return
         source: cst.Call | None = None
-        if name in ("to", "cuda") and isinstance(node.func, cst.Attribute):
+        if name == "type_as" and isinstance(node.func, cst.Attribute):
+            # `torch.from_numpy(shifts).type_as(gt_boxes)`: a copy to the device of a tensor that lives there
+            source = self._host_constructor(node.func.value)
+            if source is None or len(node.args) != 1 or not Placement(self.ctx).device_tensor(node.args[0].value):
+                return
+        elif name in ("to", "cuda") and isinstance(node.func, cst.Attribute):
             source = self._host_constructor(node.func.value)
             if source is None and self._moves_to_device(node, name) and self._host_buffer(node.func.value):
                 if self.ctx.in_hot_region() and not amortised(self.ctx) and not is_test_path(self.ctx.path):

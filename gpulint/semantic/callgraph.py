@@ -152,6 +152,8 @@ class FunctionSummary:
     device_names: set[str] = field(default_factory=set)
     # names bound to a dict literal with string keys, at this point of the walk (`kwargs = {"actor": actor}`)
     keyword_dicts: dict[str, list[tuple[str, ast.expr]]] = field(default_factory=dict)
+    # names bound to a count to iterate (`indices = list(range(self.num_timesteps))[::-1]`, `bar = tqdm(indices)`)
+    counters: set[str] = field(default_factory=set)
     # a function it defines and returns (`def make_train_fn(...): def train(x, y): ...; return train`)
     returns_function: str | None = None
     # parameters annotated with a class (`def evaluate(state, nn: NeuralNetwork)`): name -> the class's last name
@@ -217,11 +219,13 @@ def _calls_outside_nested(body: list[ast.stmt], *, into_loops: bool) -> list[ast
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
-def _calls_and_comprehensions(roots: list[ast.AST]) -> tuple[list[ast.Call], list[ast.AST]]:
+def _calls_and_comprehensions(roots: list[ast.AST]) -> tuple[list[ast.Call], list[ast.AST], list[str]]:
     """In one walk: the calls under `roots` outside nested functions/classes (as `_calls_outside_nested` with
-    `into_loops`), and every comprehension under them, nested scopes included."""
+    `into_loops`), every comprehension under them, nested scopes included, and the dotted names listed in list and
+    tuple displays outside nested scopes (`[rgb2hsv, self.adjust_hue, hsv2rgb]`: functions to be called in turn)."""
     calls: list[ast.Call] = []
     comprehensions: list[ast.AST] = []
+    listed: list[str] = []
     stack: list[tuple[ast.AST, bool]] = [(root, False) for root in roots]
     while stack:
         node, nested = stack.pop()
@@ -229,10 +233,13 @@ def _calls_and_comprehensions(roots: list[ast.AST]) -> tuple[list[ast.Call], lis
             nested = True
         elif not nested and isinstance(node, ast.Call):
             calls.append(node)
+        elif not nested and isinstance(node, (ast.List, ast.Tuple)) and isinstance(node.ctx, ast.Load):
+            listed.extend(name for element in node.elts if isinstance(element, (ast.Name, ast.Attribute))
+                          and (name := _dotted(element)) is not None)
         if isinstance(node, _COMPREHENSIONS):
             comprehensions.append(node)
         stack.extend((child, nested) for child in pyast.child_nodes(node))
-    return calls, comprehensions
+    return calls, comprehensions, listed
 
 
 def _call_target(dotted: str) -> tuple[str, ...]:
@@ -410,20 +417,26 @@ def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Break, ast.Raise))
 
 
-def _repeats(loop: ast.AST) -> bool:
-    """A loop that repeats a step (`while not done`, `for t in range(horizon)`, `for _ in trange(n)`), as a
-    rollout or a search does, not one over a collection of inputs (`for prompts in data`, a loader), nor one
-    that retries on failure (`while retries:`)."""
+def _repeats(loop: ast.AST, counters: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """A loop that repeats a step (`while not done`, `for t in range(horizon)`, `for _ in trange(n)`, `for i in
+    indices` with `indices = list(range(T))[::-1]` among `counters`), as a rollout or a search does, not one over a
+    collection of inputs (`for prompts in data`, a loader), nor one that retries on failure (`while retries:`)."""
     header = loop.test if isinstance(loop, ast.While) else getattr(loop, "target", None)
     if header is not None and any(isinstance(n, ast.Name) and vocab.RETRY_NAME.search(n.id)
                                   for n in pyast.walk(header)):
         return False
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return True
-    iterable = loop.iter
-    while isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNT_KEEPING_WRAPPERS \
-            and iterable.args:
-        iterable = iterable.args[0]
+    return _counts(loop.iter, counters)
+
+
+def _counts(iterable: ast.expr, counters: set[str]) -> bool:
+    """`range(n)`, `tqdm(range(n))`, `list(range(T))[::-1]`, or a name in `counters` (bound to such a value)."""
+    while isinstance(iterable, ast.Subscript) or isinstance(iterable, ast.Call) and iterable.args \
+            and vocab.last_part(_dotted(iterable.func)) in vocab.COUNT_KEEPING_WRAPPERS:
+        iterable = iterable.value if isinstance(iterable, ast.Subscript) else iterable.args[0]
+    if isinstance(iterable, ast.Name):
+        return iterable.id in counters
     return isinstance(iterable, ast.Call) and vocab.last_part(_dotted(iterable.func)) in vocab.COUNTING_ITERABLES
 
 
@@ -544,7 +557,7 @@ class _Summariser:
         if any(vocab.is_env_step(d) for d in calls):
             self.file.env_loops.add(id(loop))
             return Frequency.PER_ROLLOUT_STEP
-        if (_repeats(loop) and not vocab.EVAL_FUNCTION.match(fn.name)
+        if (_repeats(loop, fn.counters) and not vocab.EVAL_FUNCTION.match(fn.name)
                 and any(vocab.is_network_call(d, self.network_names) for d in calls)):
             return Frequency.PER_ROLLOUT_STEP
         return Frequency.PER_ITERATION
@@ -590,7 +603,7 @@ class _Summariser:
                 self.file.nested_loops.add(id(node))
             if _iterates_loader(node):
                 self.file.loader_loops.add(id(node))
-            if _repeats(node):
+            if _repeats(node, fn.counters):
                 self.file.repeating_loops.add(id(node))
             # a training-step loop runs step by step even when an `if` decides when the update phase starts
             # (`if games_since_ckpt >= games_per_ckpt: while steps < target: ... loss.backward()`)
@@ -629,6 +642,8 @@ class _Summariser:
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             self._track_device_names(node, fn)
             _track_keyword_dicts(node, fn)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                (fn.counters.add if _counts(node.value, fn.counters) else fn.counters.discard)(node.targets[0].id)
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
             self._record_partial(node)
@@ -664,7 +679,9 @@ class _Summariser:
                           throttled: bool) -> None:
         frequency = max((f for f, _ in loops), default=Frequency.ONCE)
         loop_ids = tuple(i for _, i in loops)
-        calls, comprehensions = _calls_and_comprehensions(roots)
+        calls, comprehensions, listed = _calls_and_comprehensions(roots)
+        for name in listed:  # a function listed to be applied in turn runs here (unresolved names are dropped)
+            fn.sites.append(CallSite(_call_target(name), frequency, throttled, loop_ids, guards=tuple(self._guards)))
         for node in comprehensions:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
             fn.loop_reads.extend((id(generator), source) for generator in node.generators
                                  for source in _loop_sources(generator.iter))

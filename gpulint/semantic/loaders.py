@@ -214,6 +214,9 @@ class LoaderFlow(PerFileFacts):
         """The carrier keys `_is_carrier` would test for `node`."""
         if isinstance(node, (cst.List, cst.Tuple)):  # a loader handed over inside a list (see `_into_call`)
             return [key for element in node.elements for key in self._keys(element.value)]
+        if isinstance(node, cst.Dict):  # `loaders = {"train": train_loader, "val": val_loader}`
+            return [key for element in node.elements if isinstance(element, cst.DictElement)
+                    for key in self._keys(element.value)]
         keys = []
         for inner in iterated_expressions(node, self.yielders):
             inner = _strip_subscript(inner)
@@ -428,7 +431,9 @@ class LoaderFlow(PerFileFacts):
                     for position in positions:
                         if position < len(target.target.elements):
                             self._bind(target.target.elements[position].value, carriers, assign)
-        if self._is_carrier(value, carriers):
+        held = isinstance(value, cst.Dict) and any(isinstance(element, cst.DictElement) and self._is_carrier(
+            element.value, carriers) for element in value.elements)  # `loaders[phase]` iterates one of them
+        if held or self._is_carrier(value, carriers):
             targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
             for target in targets:
                 self._bind(target, carriers, assign)

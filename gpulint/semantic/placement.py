@@ -9,7 +9,7 @@ from typing import Iterable
 
 import libcst as cst
 
-from gpulint import Device
+from gpulint import Device, HotKind
 from gpulint.analysis import (BindingKind, call_arg, child_nodes, dotted_name, every_many_steps, every_n_steps, method_name,
                              walk)
 from gpulint.rule import RuleContext
@@ -323,6 +323,27 @@ class Placement:
                     and not isinstance(operand, (cst.Integer, cst.Float)):
                 return False
         return found
+
+    def device_tensor(self, value: cst.BaseExpression) -> bool:
+        """A tensor on the device: placed there, or an input of a network's `forward` in a CUDA program (the
+        parameter itself, or an element of it bound to a name: `gt_boxes = input[1]`)."""
+        if self.of(value) == DEVICE:
+            return True
+        function = self.ctx.enclosing(cst.FunctionDef)
+        if function is None or function.name.value != "forward" or self.ctx.hot_kind() is not HotKind.FORWARD \
+                or not self.ctx.targets_cuda():
+            return False
+        inputs = {p.name.value for p in function.params.params[1:]}
+        if isinstance(value, cst.Name) and value.value not in inputs:
+            bindings = self.reaching(value.value)
+            bound = bindings[0].value if len(bindings) == 1 and bindings[0].kind in (
+                BindingKind.ASSIGN, BindingKind.UNPACK) else None
+            if bound is not None and bindings[0].kind is BindingKind.UNPACK and isinstance(bound, cst.Tuple) \
+                    and bindings[0].path and bindings[0].path[0] < len(bound.elements):
+                bound = bound.elements[bindings[0].path[0]].value  # `scores, gt_boxes = inputs[0], inputs[1]`
+            while isinstance(bound, cst.Subscript):  # `scores = input[0][:, n:, :, :]`
+                bound = value = bound.value
+        return isinstance(value, cst.Name) and value.value in inputs
 
     def may_be_on_device(self, node: cst.BaseExpression | None) -> bool:
         """A torch tensor, not known to be on the CPU."""
