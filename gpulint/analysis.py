@@ -55,6 +55,13 @@ def string_value(node: cst.BaseExpression | None) -> str | None:
     return None
 
 
+def string_key(node: cst.BaseExpression) -> str | None:
+    """`"loss_mask"` of `samples["loss_mask"]`: the one string a subscript indexes with."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        return string_value(node.slice[0].slice.value)
+    return None
+
+
 def is_numeric_literal(node: cst.BaseExpression) -> bool:
     """Numbers, `True`/`False`, and (nested, possibly empty) lists/tuples of them: data written in the source."""
     while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
@@ -1354,7 +1361,8 @@ class Evidence:
             return Confidence.LOW if _MASK_NAME.search(node.value) else None
         if isinstance(node, cst.Attribute):
             return Confidence.LOW if _MASK_NAME.search(node.attr.value) else None
-        return None
+        key = string_key(node)  # `samples["loss_mask"]`
+        return Confidence.LOW if key is not None and _MASK_NAME.search(key) else None
 
     # tensor evidence: True (surely a tensor), False (surely not), None (unknown)
     def is_tensor(self, node: cst.BaseExpression, depth: int = 0) -> bool | None:

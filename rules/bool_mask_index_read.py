@@ -192,6 +192,21 @@ class BoolMaskIndexRead(Rule):
                     return x[x > 0].sum()
             """
         ),
+        Invalid(  # a padding mask kept in the minibatch dict, read in every PPO update
+            """
+            import torch
+            def update(model, optimizer, minibatches):
+                for samples in minibatches:
+                    policy, value = model(samples["obs"].cuda())
+                    actions = samples["actions"].cuda()
+                    log_probs = torch.stack([b.log_prob(actions[:, i]) for i, b in enumerate(policy)], dim=1)
+                    log_probs = log_probs[samples["loss_mask"]]  # error: GPU001
+                    loss = -(log_probs * samples["advantages"].cuda()).mean() + value.pow(2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """
+        ),
         Invalid(  # a product of two comparisons is a mask; `l, u = ...` binds tensors (`.floor()`, `.ceil()`)
             """
             import torch

@@ -639,11 +639,6 @@ class _Summariser:
             for case in node.cases:  # type: ignore[attr-defined]
                 self._visit_block(case.body, fn, loops, throttled, owner)
             return
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
-            self._track_device_names(node, fn)
-            _track_keyword_dicts(node, fn)
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                (fn.counters.add if _counts(node.value, fn.counters) else fn.counters.discard)(node.targets[0].id)
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
             self._record_instance(node)
             self._record_partial(node)
@@ -674,6 +669,12 @@ class _Summariser:
             fn.operands.setdefault(node.targets[0].id, set()).update(
                 n.id for n in pyast.walk(node.value) if isinstance(n, ast.Name))
         self._scan_expressions([node], fn, loops, throttled)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            # (after the calls of the value are recorded: they read the names as they were before)
+            self._track_device_names(node, fn)
+            _track_keyword_dicts(node, fn)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                (fn.counters.add if _counts(node.value, fn.counters) else fn.counters.discard)(node.targets[0].id)
 
     def _scan_expressions(self, roots: list[ast.AST], fn: FunctionSummary, loops: list[tuple[Frequency, int]],
                           throttled: bool) -> None:

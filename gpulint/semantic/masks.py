@@ -20,6 +20,7 @@ from gpulint.analysis import (
     dotted_name,
     iter_calls,
     method_name,
+    string_key,
     walk,
 )
 from gpulint.rule import RuleContext
@@ -102,7 +103,7 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
     elif isinstance(node, cst.Attribute):
         name = node.attr.value
     else:
-        return None
+        name = string_key(node) or ""  # `samples["loss_mask"]`
     return Confidence.LOW if _STRONG_MASK_NAME.search(name) or vocab.EPISODE_END_NAME.match(name) else None
 
 
@@ -170,7 +171,10 @@ def tensor_verdict(ctx: RuleContext, node: cst.BaseExpression, depth: int = 0, a
     if isinstance(node, cst.Subscript):
         if isinstance(node.value, cst.Attribute) and node.value.attr.value in STATIC_ATTRS:
             return False
-        return tensor_verdict(ctx, node.value, depth + 1, at)
+        container = tensor_verdict(ctx, node.value, depth + 1, at)
+        if container is False and string_key(node) is not None:
+            return None  # `samples["loss_mask"]` of a dict: an entry, which may be a tensor
+        return container
     if isinstance(node, cst.UnaryOperation):
         if isinstance(node.operator, cst.Not):
             return False
