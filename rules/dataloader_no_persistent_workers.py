@@ -278,6 +278,19 @@ class DataloaderNoPersistentWorkers(Rule):
                 train(model, loader, optimizer)
             """,
         ),
+        Valid(  # a test loader read once every 20 epochs: starting its workers is paid once in many epochs
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            test_interval = 20
+            test_loader = DataLoader(test_set, batch_size=20, num_workers=4)
+            for epoch in range(epochs):
+                train_one_epoch(model, optimizer)
+                if epoch % test_interval == test_interval - 1:
+                    for inputs, labels in test_loader:
+                        evaluate(model(inputs.cuda()), labels)
+            """,
+        ),
         Invalid(  # loaders kept in a dict by phase, each iterated once per epoch
             """
             import torch

@@ -768,6 +768,26 @@ class HostSyncInHotLoop(Rule):
                     log_metrics(writer, loss, step)
             """,
         ),
+        Valid(  # a static helper converts its second argument, a Python number; the tensor is its first
+            """
+            import torch
+            import torch.nn as nn
+
+            class RPN(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.conv = nn.Conv2d(512, 18, 1)
+
+                @staticmethod
+                def reshape(x, d):
+                    return x.view(x.size(0), int(d), -1, x.size(3))
+
+                def forward(self, features):
+                    scores = self.conv(features)
+                    return self.reshape(scores, 2).softmax(1)
+            rpn = RPN().cuda()
+            """,
+        ),
         Valid(  # the same helper, but one caller passes a Python number: the parameter is not proven a tensor
             """
             import torch

@@ -106,6 +106,7 @@ class FunctionSummary:
     network_at_top: bool = False  # evaluates a network outside its own loops (`play_move(net, state)`)
     has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
     params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
+    static: bool = False  # a `@staticmethod`: calls on the class or an instance pass no `self`
     loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
     around_hot: set[int] = field(default_factory=set)  # ids of loops enclosing a training-step loop
     busy_loops: bool = False  # has a step, rollout or search loop of its own
@@ -842,7 +843,8 @@ class _Summariser:
         class_name = owner[-1] if owner and owner[-1] in self.file.classes else None
         arguments = node.args
         params = tuple(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
-        summary = FunctionSummary(key, class_name, node.name, params=params)
+        summary = FunctionSummary(key, class_name, node.name, params=params,
+                                  static=any(_dotted(d) == "staticmethod" for d in node.decorator_list))
         annotated = ((a.arg, vocab.last_part(_dotted(a.annotation)) if a.annotation is not None else "")
                      for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
         summary.param_classes = {name: cls for name, cls in annotated if cls[:1].isupper()}
@@ -1929,7 +1931,8 @@ class CallGraph:
         """The callee's parameters that positional arguments fill, as a call naming it `target` makes it: a method
         called on an object, or a class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass
         `self` itself."""
-        bound = callee.class_name is not None and (target[0] != "name" or callee.name == "__init__")
+        bound = callee.class_name is not None and not callee.static and (
+            target[0] != "name" or callee.name == "__init__")
         return callee.params[1:] if bound else callee.params
 
     def _env_methods(self) -> list[tuple[str, str]]:

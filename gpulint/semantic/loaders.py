@@ -8,7 +8,8 @@ from typing import Iterator
 import libcst as cst
 
 from gpulint import HotKind
-from gpulint.analysis import FileAnalysis, FileStructure, PerFileFacts, dotted_name, has_star_args, walk
+from gpulint.analysis import (FileAnalysis, FileStructure, PerFileFacts, dotted_name, every_many_steps, has_star_args,
+                              walk)
 from gpulint.rule import is_test_path
 
 DATALOADER_QUALNAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -493,6 +494,8 @@ class LoaderFlow(PerFileFacts):
                 return loop
         for loop in self.iterating_loops(carriers):
             outer = self._outer_loop(loop)
+            if outer is not None and self._rarely_reached(loop, outer):
+                continue  # `if epoch % test_interval == 0:` (20): worker start-up is paid once in many epochs
             if outer is not None:
                 return None if self._inside(call, outer) else outer  # rebuilt every pass: nothing persists
             function = self.enclosing_function(loop)
@@ -518,6 +521,15 @@ class LoaderFlow(PerFileFacts):
         current = self.parents.get(id(node))
         while current is not None:
             if current is ancestor:
+                return True
+            current = self.parents.get(id(current))
+        return False
+
+    def _rarely_reached(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        """Is `node` under an `if` (inside `outer`) that lets it run once in many passes (`every_many_steps`)?"""
+        current = self.parents.get(id(node))
+        while current is not None and current is not outer:
+            if isinstance(current, cst.If) and every_many_steps(self.a, current.test):
                 return True
             current = self.parents.get(id(current))
         return False
