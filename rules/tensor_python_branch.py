@@ -173,6 +173,25 @@ class TensorPythonBranch(Rule):
                             self.opt.step()
             """
         ),
+        Invalid(  # a token count kept on the device (`+=` of a GPU sum), tested for the learning-rate warmup
+            """
+            import torch
+            class Trainer:
+                def __init__(self, model, config):
+                    self.model = model.cuda()
+                    self.config = config
+                    self.tokens = 0
+                def train(self, loader, optimizer):
+                    for x, y in loader:
+                        x, y = x.cuda(), y.cuda()
+                        logits, loss = self.model(x, y)
+                        loss.backward()
+                        optimizer.step()
+                        self.tokens += (y >= 0).sum()
+                        if self.tokens < self.config.warmup_tokens:  # error: GPU006
+                            lr_mult = float(self.tokens) / max(1, self.config.warmup_tokens)
+            """
+        ),
         Invalid(  # the same draw made on the device is read back every call
             """
             import torch

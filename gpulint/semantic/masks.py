@@ -296,6 +296,9 @@ def _self_attr_verdict(ctx: RuleContext, attr: str, depth: int) -> bool | None:
             first = call.args[0].value
             if isinstance(first, cst.SimpleString) and first.evaluated_value == attr:
                 return True
+    if any(b.kind is BindingKind.AUGMENT and b.value is not None and tensor_verdict(ctx, b.value, depth + 1) is True
+           for b in info.attrs.get(attr, [])):
+        return True  # `self.tokens += (y >= 0).sum()`: a tensor from the first update on
     bindings = [b for b in info.attrs.get(attr, []) if b.kind is BindingKind.ASSIGN and b.value is not None]
     if not bindings or not all(isinstance(b.value, cst.Call) for b in bindings):
         return None  # `self.k = k`: names in the value belong to another function's scope

@@ -502,6 +502,10 @@ class Placement:
             bindings = info.attrs.get(attr, []) if info else []
             if any(not _is_none(b.value) for b in bindings):  # `self.returns = None` until first set: Optional
                 bindings = [b for b in bindings if not _is_none(b.value)]
+            # `self.tokens += (y >= 0).sum()` (a count kept on the device, from `self.tokens = 0`): a device tensor
+            # from the first update on
+            if any(b.kind is BindingKind.AUGMENT and self.of(b.value, depth + 1, b.order) == DEVICE for b in bindings):
+                return DEVICE
             kinds = [self.of(b.value, depth + 1, b.order) if b.kind is BindingKind.ASSIGN else None for b in bindings]
             if not kinds or None in kinds:
                 return None
