@@ -11,7 +11,7 @@ from gpulint.builders import add_keyword, replace_keyword_value
 from gpulint.program import current_text
 from gpulint.rule import is_test_path
 from gpulint.semantic.masks import standalone_statement, statement_indent
-from gpulint.semantic.vocab import is_env_step
+from gpulint.semantic.vocab import returns_observation
 from gpulint.semantic.placement import (
     DEVICE,
     HOST,
@@ -414,6 +414,20 @@ class HostDataToDevicePerStep(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # the observation of a step or, after a terminal one, of the reset, uploaded every rollout step
+            """
+            import torch
+            def explore(env, actor, state, horizon, device):
+                for t in range(horizon):
+                    with torch.no_grad():
+                        action = actor(state)
+                    obs, reward, terminal, truncated, _ = env.step(action.cpu().numpy())
+                    if terminal or truncated:
+                        obs, info = env.reset()
+                    state = torch.as_tensor(obs, dtype=torch.float32, device=device)  # error: GPU013
+                return state
+            """
+        ),
         Invalid(  # anchor shifts computed in NumPy in a layer's forward, copied to the device of its input with
             # `type_as` every step (no fix: the copy is spelled as a cast)
             """
@@ -718,9 +732,10 @@ class HostDataToDevicePerStep(Rule):
         bindings = Placement(self.ctx).reaching(data.value)
         if bindings and all(b.kind is BindingKind.PARAM for b in bindings):
             return self.ctx.evidence.receives_observation(data.value)
+        # (`ary_state, info = env.reset()` after a terminal step reaches the upload as well)
         return bool(bindings) and all(
-            b.kind is BindingKind.UNPACK and isinstance(b.value, cst.Call) and is_env_step(dotted_name(b.value.func))
-            for b in bindings)
+            b.kind in (BindingKind.UNPACK, BindingKind.ASSIGN) and isinstance(b.value, cst.Call)
+            and returns_observation(dotted_name(b.value.func)) for b in bindings)
 
     def _legacy_data(self, node: cst.Call) -> bool:
         """A legacy constructor given data (a list, a NumPy array), not sizes (`torch.cuda.FloatTensor(8, 4)`);
