@@ -10,6 +10,7 @@ from gpulint.semantic.placement import Placement, after_init_once_guard, amortis
 # Python-bool tests that are tensor-valued by construction when their receiver is a tensor.
 _TENSOR_TESTS = {"any", "all", "isnan", "isinf", "isfinite", "eq", "ne", "gt", "ge", "lt", "le", "logical_and",
                  "logical_or", "logical_not", "bool", "sum", "mean", "max", "min", "amax", "amin", "count_nonzero"}
+_REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "norm", "std", "var"}
 _TORCH_TESTS = {"torch.any", "torch.all", "torch.isnan", "torch.isinf", "torch.isfinite", "torch.logical_and",
                 "torch.logical_or", "torch.logical_not", "torch.count_nonzero", "torch.eq", "torch.ne", "torch.gt",
                 "torch.ge", "torch.lt", "torch.le", "torch.isin"}
@@ -173,6 +174,20 @@ class TensorPythonBranch(Rule):
                             self.opt.step()
             """
         ),
+        Invalid(  # a pixel-range check on the encoder's input, in every forward
+            """
+            import torch
+            import torch.nn as nn
+            class PixelEncoder(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.conv = nn.Conv2d(9, 32, 3, stride=2)
+                def forward(self, obs):
+                    if obs.max() > 1.:  # error: GPU006
+                        obs = obs / 255.
+                    return self.conv(obs)
+            """
+        ),
         Invalid(  # a token count kept on the device (`+=` of a GPU sum), tested for the learning-rate warmup
             """
             import torch
@@ -304,7 +319,12 @@ class TensorPythonBranch(Rule):
         if isinstance(node, cst.Comparison):
             if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
                 return False
-            return tensor_verdict(self.ctx, node) is True
+            verdict = tensor_verdict(self.ctx, node)
+            # `if obs.max() > 1.:` in a forward: a reduction of an input compared in Python (tensors are the norm)
+            return verdict is True or verdict is None and self._lenient() and any(
+                isinstance(side, cst.Call) and method_name(side) in _REDUCTIONS and isinstance(side.func, cst.Attribute)
+                and tensor_verdict(self.ctx, side.func.value) is None
+                for side in (node.left, *(c.comparator for c in node.comparisons)))
         if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
             return tensor_verdict(self.ctx, node) is True and self._bool_of_tensor_is_meant(node)
         return False
