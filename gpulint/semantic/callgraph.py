@@ -107,6 +107,9 @@ class FunctionSummary:
     has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
     params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
     static: bool = False  # a `@staticmethod`: calls on the class or an instance pass no `self`
+    # names listed in a list or tuple display (`[rgb2hsv, self.adjust_hue]`), as the call sites they are if they
+    # name program functions (added to `sites` once the program is known)
+    listed: list[CallSite] = field(default_factory=list)
     loops: list[int] = field(default_factory=list)  # ids of its loops in source order (nested defs excluded)
     around_hot: set[int] = field(default_factory=set)  # ids of loops enclosing a training-step loop
     busy_loops: bool = False  # has a step, rollout or search loop of its own
@@ -682,8 +685,9 @@ class _Summariser:
         frequency = max((f for f, _ in loops), default=Frequency.ONCE)
         loop_ids = tuple(i for _, i in loops)
         calls, comprehensions, listed = _calls_and_comprehensions(roots)
-        for name in listed:  # a function listed to be applied in turn runs here (unresolved names are dropped)
-            fn.sites.append(CallSite(_call_target(name), frequency, throttled, loop_ids, guards=tuple(self._guards)))
+        # a function listed to be applied in turn runs here: a call site once the name resolves to one
+        fn.listed.extend(CallSite(_call_target(name), frequency, throttled, loop_ids, guards=tuple(self._guards))
+                         for name in listed)
         for node in comprehensions:  # `[net(x) for x, _ in loader]` iterates `loader` like a `for` statement
             fn.loop_reads.extend((id(generator), source) for generator in node.generators
                                  for source in _loop_sources(generator.iter))
@@ -1432,6 +1436,10 @@ class CallGraph:
         self._passed_in = self._functions_passed_in()
         self._objects_in = self._objects_passed_in()
         self._resolved.clear()  # resolutions made before the passed-in functions and objects were known
+        for path, summary in self.files.items():
+            for fn in summary.functions.values():
+                fn.sites.extend(site for site in fn.listed if self.resolve(path, fn, site.target))
+        self._resolved.clear()
         self._reads_cache.clear()
         self._propagate()
 
