@@ -151,8 +151,8 @@ class FunctionSummary:
     throttle_flags: set[str] = field(default_factory=set)
     # names bound to what a host-side environment returns (`obs, r, done, _ = env.step(a)`, `obs = env.reset()`)
     env_names: set[str] = field(default_factory=set)
-    # names holding GPU tensors at this point of the walk, by how they were made: moved (`x.cuda()`), a network's
-    # output, computed from such names with tensor ops (`acc = (out.argmax(1) == y).float().mean()`)
+    # names holding GPU tensors at this point of the walk, by how they were made: moved (`x.cuda()`), computed from
+    # such names with tensor ops (`acc = (y_hat == y).float().mean()`), backpropagated
     device_names: set[str] = field(default_factory=set)
     # names bound to a dict literal with string keys, at this point of the walk (`kwargs = {"actor": actor}`)
     keyword_dicts: dict[str, list[tuple[str, ast.expr]]] = field(default_factory=dict)
@@ -786,9 +786,8 @@ class _Summariser:
             if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
                     and len(target.elts) == len(value.elts):
                 pairs = list(zip(target.elts, value.elts))  # `x, y = x.cuda(), y.cuda()`
-            elif isinstance(target, (ast.Tuple, ast.List)):  # `logits, value = net(x)`: every output
-                whole = isinstance(value, ast.Call) and self._network_call(fn, _dotted(value.func))
-                pairs = [(element, value if whole else None) for element in target.elts]
+            elif isinstance(target, (ast.Tuple, ast.List)):
+                pairs = [(element, None) for element in target.elts]
             else:
                 pairs = [(target, value)]
             for bound, part in pairs:
@@ -798,13 +797,10 @@ class _Summariser:
                     else:
                         fn.device_names.discard(bound.id)
 
-    def _network_call(self, fn: FunctionSummary, dotted: str | None) -> bool:
-        return vocab.is_network_call(dotted, self.network_names) or self._annotated_network(fn, dotted)
-
     def _on_device(self, node: ast.expr, device: set[str], fn: FunctionSummary) -> bool:
-        """Does `node` evaluate to a GPU tensor, given the names in `device` hold some? A move to a device, a
-        network's output, or tensor ops (operators, tensor methods, `torch.*`/`F.*` functions) on such a value;
-        never a read back (`.item()`, `.cpu()`), a shape or a size."""
+        """Does `node` evaluate to a GPU tensor, given the names in `device` hold some? A move to a device, or
+        tensor ops (operators, tensor methods, `torch.*`/`F.*` functions) on such a value; never a read back
+        (`.item()`, `.cpu()`), a shape or a size."""
         if isinstance(node, ast.Name):
             return node.id in device
         if isinstance(node, ast.Subscript):  # `out[0]`, not `x.shape[0]` (an attribute: not followed)
@@ -831,7 +827,9 @@ class _Summariser:
                 return self._on_device(func.value, device, fn)
             if receiver in _TORCH_FUNCTION_MODULES:
                 return any(self._on_device(a, device, fn) for a in (*node.args, *(k.value for k in node.keywords)))
-        return self._network_call(fn, _dotted(func))
+        # (a network's output is not taken for one: where the network runs is not known here, and self-play workers
+        # often run a CPU copy)
+        return False
 
     def _annotated_network(self, fn: FunctionSummary, dotted: str | None) -> bool:
         """`nn(x)` or `nn.forward_for_alphazero(x)` on a parameter annotated with a network class of the program
