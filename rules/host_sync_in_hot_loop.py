@@ -768,6 +768,23 @@ class HostSyncInHotLoop(Rule):
                     log_metrics(writer, loss, step)
             """,
         ),
+        Invalid(  # a read-back helper written as a lambda, applied to metrics every update
+            """
+            import torch
+            to_np = lambda x: x.detach().cpu().numpy()
+
+            def train_step(model, optimizer, batch):
+                loss = model(batch.cuda()).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                return {"loss": to_np(loss)}  # error: GPU005
+
+            def train(model, optimizer, loader):
+                for batch in loader:
+                    metrics = train_step(model, optimizer, batch)
+            """,
+        ),
         Valid(  # a static helper converts its second argument, a Python number; the tensor is its first
             """
             import torch

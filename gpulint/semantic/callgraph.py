@@ -576,6 +576,11 @@ class _Summariser:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._visit_function(node, owner)
             return
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Lambda):
+            # `to_np = lambda x: x.detach().cpu().numpy()`: a helper, summarised as the function it stands for
+            self._visit_function(_lambda_function(node.targets[0].id, node.value), owner)
+            return
         if isinstance(node, ast.ClassDef):
             self.file.classes[node.name] = [(_dotted(b) or "").rsplit(".", 1)[-1] for b in node.bases]
             self._visit_block(node.body, fn, loops, throttled, (*owner, node.name))
@@ -1002,6 +1007,15 @@ _NOT_DEVICES = frozenset({"cpu", "float", "double", "half", "bfloat16", "float16
                           "long", "int", "int32", "bool", "uint8"})
 
 
+def _lambda_function(name: str, lambda_: ast.Lambda) -> ast.FunctionDef:
+    """`def name(args): return body` for `name = lambda args: body`, at the lambda's place."""
+    returned = ast.copy_location(ast.Return(value=lambda_.body), lambda_.body)
+    fields = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
+    function = ast.FunctionDef(name=name, args=lambda_.args, body=[returned], decorator_list=[], returns=None,
+                               type_comment=None, **fields)
+    return ast.copy_location(function, lambda_)
+
+
 def _track_keyword_dicts(node: ast.Assign | ast.AnnAssign | ast.AugAssign, fn: FunctionSummary) -> None:
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     for target in targets:
@@ -1009,7 +1023,8 @@ def _track_keyword_dicts(node: ast.Assign | ast.AnnAssign | ast.AugAssign, fn: F
             value = node.value
             if isinstance(value, ast.Dict) and not isinstance(node, ast.AugAssign) and all(
                     isinstance(key, ast.Constant) and isinstance(key.value, str) for key in value.keys):
-                fn.keyword_dicts[target.id] = [(key.value, v) for key, v in zip(value.keys, value.values)]  # type: ignore[union-attr]
+                fn.keyword_dicts[target.id] = [
+                    (key.value, v) for key, v in zip(value.keys, value.values)]  # type: ignore[union-attr]
             else:
                 fn.keyword_dicts.pop(target.id, None)
 
@@ -1659,7 +1674,7 @@ class CallGraph:
             if not found and (name in summary.classes or name[:1].isupper() and name in self._classes):
                 return self._method(path, name, "__init__")  # constructing a program class runs its __init__
             if not found and name in summary.instances:  # `model = GPT(cfg)` then `model(x)`: its forward runs
-                found = [m for built in summary.instances[name] if built in self._classes
+                found = [m for built in summary.instances[name] if _plain_class(built) in self._classes
                          for m in self._called_method(path, built)]
             if not found and name in fn.params:  # a function passed in: `def search(eval_fn): eval_fn(obs)`
                 return self._passed_in.get((path, fn.key, name), [])
@@ -1675,8 +1690,8 @@ class CallGraph:
             if not found:  # `self._policy(state)` after `self._policy = policy_fn` in `__init__(self, policy_fn)`
                 found = self._held_function(path, fn.class_name, target[1])
             if not found:  # `self.model(x)` after `self.model = LlamaModel(config)`: the submodule's forward runs
-                found = [m for built in summary.instances.get(f"self.{target[1]}", ()) if built in self._classes
-                         for m in self._called_method(path, built)]
+                found = [m for built in summary.instances.get(f"self.{target[1]}", ())
+                         if _plain_class(built) in self._classes for m in self._called_method(path, built)]
             return found + [o for o in self._overrides(fn.class_name, target[1]) if o not in found]
         receiver, method = target[1], target[2]
         if vocab.is_env_step(f"{receiver}.{method}"):
