@@ -414,6 +414,38 @@ class HostDataToDevicePerStep(Rule):
                     optimizer.step()
             """
         ),
+        Invalid(  # a helper uploading its NumPy argument (cast after the move), called by a learner's step method
+            """
+            import torch
+            def to_float_tensor(array, device):
+                return torch.from_numpy(array).to(device).float()  # error: GPU013
+            class Policy:
+                def __init__(self, model, device):
+                    self.model, self.device = model, device
+                    self.optimizer = torch.optim.Adam(model.parameters(), fused=True)
+                def forward_learn(self, batch):
+                    obs = to_float_tensor(batch["obs"], self.device)  # error: GPU013
+                    loss = self.model(obs).pow(2).mean()
+                    self.optimizer.zero_grad()
+                    loss.backward()
+                    self.optimizer.step()
+            """,
+            fixed="""
+            import torch
+            def to_float_tensor(array, device):
+                return (torch.from_numpy(array).pin_memory() if torch.cuda.is_available() else torch.from_numpy(array)).to(device, non_blocking=True).float()  # error: GPU013
+            class Policy:
+                def __init__(self, model, device):
+                    self.model, self.device = model, device
+                    self.optimizer = torch.optim.Adam(model.parameters(), fused=True)
+                def forward_learn(self, batch):
+                    obs = to_float_tensor(batch["obs"], self.device)  # error: GPU013
+                    loss = self.model(obs).pow(2).mean()
+                    self.optimizer.zero_grad()
+                    loss.backward()
+                    self.optimizer.step()
+            """,
+        ),
         Invalid(  # the observation of a step or, after a terminal one, of the reset, uploaded every rollout step
             """
             import torch

@@ -1308,6 +1308,9 @@ def _builds_on_host(value: ast.expr) -> bool:
     return dotted.split(".")[0] == "torch" and vocab.last_part(dotted) in _HOST_CONSTRUCTORS | {"tensor", "as_tensor"}
 
 
+_CASTS = frozenset({"float", "long", "int", "double", "bool", "byte", "contiguous"})
+
+
 def _is_upload(value: ast.expr, params: set[str]) -> bool:
     """`torch.from_numpy(x).float().to(device)`, `torch.tensor(x, device=d)` with `x` (or `np.asarray(x)`) a parameter;
     also each item of one (`tuple(torch.as_tensor(x, device=d) for x in xs)`) or several (`return a.to(d), b.to(d)`)."""
@@ -1320,13 +1323,14 @@ def _is_upload(value: ast.expr, params: set[str]) -> bool:
             value.elt, {n.id for n in pyast.walk(generator.target) if isinstance(n, ast.Name)})
     if isinstance(value, (ast.Tuple, ast.List)):
         return bool(value.elts) and all(_is_upload(element, params) for element in value.elts)
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _CASTS:
+        value = value.func.value  # `torch.from_numpy(x).to(device).float()`: cast after the move
     if not isinstance(value, ast.Call):
         return False
     source: ast.expr = value
     if isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda"):
         source = value.func.value
-        while isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) \
-                and source.func.attr in ("float", "long", "int", "double", "bool", "byte", "contiguous"):
+        while isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and source.func.attr in _CASTS:
             source = source.func.value
     elif not any(k.arg == "device" for k in value.keywords):
         return False
@@ -1978,6 +1982,12 @@ class CallGraph:
         # a loader's `collate_fn` runs once per batch
         frontier: list[tuple[str, str, Frequency, int]] = [(*collate, Frequency.PER_STEP, 0)
                                                             for collate in self._collate_functions()]
+        # a step method no code of the program calls is called by a framework's learner (`policy._forward_learn(data)`)
+        # once per training step: what it calls runs per step
+        called = {callee for path, summary in self.files.items() for fn in summary.functions.values()
+                  for site in fn.sites for callee in self.resolve(path, fn, site.target)}
+        frontier.extend((path, key, Frequency.PER_STEP, 0) for path, key in step_functions - called
+                        if self.files[path].functions[key].class_name is not None)
         for path, summary in self.files.items():
             for key, fn in summary.functions.items():
                 if fn.seed > Frequency.ONCE:
