@@ -88,6 +88,7 @@ class CallSite:
     # every (keyword or position) passed, None when a `*args`/`**kwargs` hides some; those holding GPU tensors
     slots: tuple[str | int, ...] | None = None
     device_slots: tuple[str | int, ...] = ()
+    handed: tuple[tuple[str | int, str], ...] = ()  # (slot, parameter) of the caller's parameters passed unchanged
 
     @property
     def loop(self) -> int:
@@ -107,6 +108,7 @@ class FunctionSummary:
     has_step_loop: bool = False  # contains a training-step loop (`train_epoch`, `agent.update`)
     params: tuple[str, ...] = ()  # parameter names in order (`self` included for methods)
     static: bool = False  # a `@staticmethod`: calls on the class or an instance pass no `self`
+    rebound: set[str] = field(default_factory=set)  # names assigned so far in the walk (a parameter changes value)
     # names listed in a list or tuple display (`[rgb2hsv, self.adjust_hue]`), as the call sites they are if they
     # name program functions (added to `sites` once the program is known)
     listed: list[CallSite] = field(default_factory=list)
@@ -607,7 +609,9 @@ class _Summariser:
                     fn.call_loops.append((id(node), _call_target(called[0]),
                                           tuple(tuple(_loop_sources(arg)) for arg in called[1])))
                 fn.loop_targets[id(node)] = _item_names(node)
-                fn.device_names.difference_update(n.id for n in pyast.walk(node.target) if isinstance(n, ast.Name))
+                bound = [n.id for n in pyast.walk(node.target) if isinstance(n, ast.Name)]
+                fn.device_names.difference_update(bound)
+                fn.rebound.update(bound)
             if loops:
                 self.file.nested_loops.add(id(node))
             if _iterates_loader(node):
@@ -680,6 +684,8 @@ class _Summariser:
         self._scan_expressions([node], fn, loops, throttled)
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             # (after the calls of the value are recorded: they read the names as they were before)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            fn.rebound.update(n.id for t in targets for n in pyast.walk(t) if isinstance(n, ast.Name))
             self._track_device_names(node, fn)
             _track_keyword_dicts(node, fn)
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -758,12 +764,13 @@ class _Summariser:
             hidden = any(isinstance(a, ast.Starred) for a in call.args) or any(
                 k.arg is None and not (isinstance(k.value, ast.Name) and k.value.id in fn.keyword_dicts)
                 for k in call.keywords)
-            device_slots = tuple(slot for slot, value in arguments if self._on_device(value, fn.device_names, fn)) \
-                if fn.device_names and not hidden else ()
+            device_slots = () if hidden else tuple(
+                slot for slot, value in arguments if self._on_device(value, fn.device_names, fn))
+            handed = tuple((slot, name) for slot, name in passed if name in fn.params and name not in fn.rebound)
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards), bool(values) and all(
                                          _is_number(v, self._number_names) for v in values), observed,
-                                     None if hidden else tuple(slot for slot, _ in arguments), device_slots))
+                                     None if hidden else tuple(slot for slot, _ in arguments), device_slots, handed))
             started = _started_function(dotted, call) or _applied_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
@@ -1868,20 +1875,31 @@ class CallGraph:
         tensor for (`log_step(writer, loss, acc, step)` after `loss.backward()`): proven by how the callers made
         the value, so a helper's `writer.add_scalar("loss", loss)` is known to read a GPU value back."""
         calls: dict[tuple[str, str], int] = {}
-        passed: dict[tuple[str, str, str], int] = {}
-        on_device: dict[tuple[str, str, str], bool] = {}
+        # (callee path, key, parameter) -> what each call passes for it: True (a GPU tensor), False (anything else
+        # or unknown), or the caller's own parameter handed on (`self.build_targets(p, targets)` in `__call__`)
+        passed: dict[tuple[str, str, str], list[bool | tuple[str, str, str]]] = {}
         for path, summary in self.files.items():
             for fn in summary.functions.values():
                 for site in fn.sites:
+                    handed = dict(site.handed)
                     for callee in self.resolve(path, fn, site.target):
                         calls[callee] = calls.get(callee, 0) + 1
                         for slot in site.slots or ():
                             parameter = self._slot_parameter(callee, site, slot)
-                            if parameter is not None:
-                                held = (*callee, parameter)
-                                passed[held] = passed.get(held, 0) + 1
-                                on_device[held] = on_device.get(held, True) and slot in site.device_slots
-        return {held for held, every in on_device.items() if every and passed[held] == calls[held[:2]]}
+                            if parameter is None:
+                                continue
+                            passed.setdefault((*callee, parameter), []).append(
+                                True if slot in site.device_slots
+                                else (path, fn.key, handed[slot]) if slot in handed else False)
+        complete = {held: values for held, values in passed.items() if len(values) == calls[held[:2]]}
+        found = {held for held, values in complete.items() if all(value is True for value in values)}
+        for _ in range(MAX_DEPTH):  # parameters handed on, to a fixed point
+            grown = {held for held, values in complete.items() if held not in found
+                     and all(value is True or value in found for value in values)}
+            if not grown:
+                break
+            found |= grown
+        return found
 
     def _slot_parameter(self, callee: tuple[str, str], site: CallSite, slot: str | int) -> str | None:
         params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site.target)
@@ -1954,10 +1972,10 @@ class CallGraph:
     @staticmethod
     def _arguments_of(callee: FunctionSummary, target: tuple[str, ...]) -> tuple[str, ...]:
         """The callee's parameters that positional arguments fill, as a call naming it `target` makes it: a method
-        called on an object, or a class constructed (`Agent(config)` runs `__init__(self, config)`), does not pass
-        `self` itself."""
+        called on an object, a class constructed (`Agent(config)` runs `__init__(self, config)`) or an instance called
+        (`compute_loss(pred, targets)` runs `__call__(self, p, targets)`) does not pass `self` itself."""
         bound = callee.class_name is not None and not callee.static and (
-            target[0] != "name" or callee.name == "__init__")
+            target[0] != "name" or callee.name in ("__init__", "__call__", "forward"))  # `loss_fn(p, t)` of an instance
         return callee.params[1:] if bound else callee.params
 
     def _env_methods(self) -> list[tuple[str, str]]:

@@ -249,8 +249,8 @@ def _name_verdict(ctx: RuleContext, node: cst.Name, depth: int, at: int | None) 
     for binding in bindings:
         if binding.kind is BindingKind.ASSIGN and binding.value is not None:
             verdicts.add(tensor_verdict(ctx, binding.value, depth + 1, binding.order))
-        elif binding.kind is BindingKind.PARAM:
-            verdicts.add(_param_verdict(ctx, node.value))
+        elif binding.kind is BindingKind.PARAM:  # annotated `Tensor`, or every caller passes a GPU tensor
+            verdicts.add(_param_verdict(ctx, node.value) or ctx.evidence.receives_device_tensor(node.value) or None)
         elif binding.kind is BindingKind.UNPACK and isinstance(binding.value, (cst.Tuple, cst.List)) \
                 and len(binding.path) == 1 and binding.path[0] < len(binding.value.elements) \
                 and not any(isinstance(e, cst.StarredElement) for e in binding.value.elements):
