@@ -1621,6 +1621,11 @@ class Evidence:
         marker of the program's call graph: `log_step(writer, loss, acc, step)` in the training loop)."""
         return self._parameter_marked("device-parameter", parameter)
 
+    def receives_index(self, parameter: str) -> bool:
+        """A parameter some caller passes a value named as an index for (`train(..., idx_train)` for `mask_train`:
+        the `#index-parameter:` marker of the program's call graph)."""
+        return self._parameter_marked("index-parameter", parameter)
+
     def _parameter_marked(self, marker: str, parameter: str) -> bool:
         function = next((a for a in reversed(self.ancestors) if isinstance(a, cst.FunctionDef)), None)
         return function is not None and f"{self.a.key_of(function)}#{marker}:{parameter}" in self.a.program_keys

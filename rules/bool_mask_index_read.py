@@ -192,6 +192,22 @@ class BoolMaskIndexRead(Rule):
                     return x[x > 0].sum()
             """
         ),
+        Valid(  # named a mask, but the caller passes integer indexes (`idx_train`): an index gather, no sync
+            """
+            import torch
+            def train_iter(model, optimizer, criterion, features, target, mask_train):
+                output = model(features)
+                loss = criterion(output[mask_train], target[mask_train])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            def main(model, optimizer, criterion, features, labels, epochs):
+                idx = torch.randperm(len(labels)).cuda()
+                idx_train = idx[1600:]
+                for epoch in range(epochs):
+                    train_iter(model, optimizer, criterion, features.cuda(), labels.cuda(), idx_train)
+            """
+        ),
         Invalid(  # a padding mask kept in the minibatch dict, read in every PPO update
             """
             import torch

@@ -1901,6 +1901,14 @@ class CallGraph:
             found |= grown
         return found
 
+    def _index_parameters(self) -> set[tuple[str, str, str]]:
+        """(path, key, parameter) of parameters some call passes a name that says index for (`train_iter(model,
+        idx_train)` for `mask_train`): integer indexes, whatever the parameter is called."""
+        return {(*callee, parameter) for path, summary in self.files.items() for fn in summary.functions.values()
+                for site in fn.sites for slot, name in site.passed if vocab.INDEX_NAME.search(name)
+                for callee in self.resolve(path, fn, site.target)
+                if (parameter := self._slot_parameter(callee, site, slot)) is not None}
+
     def _slot_parameter(self, callee: tuple[str, str], site: CallSite, slot: str | int) -> str | None:
         params = self._arguments_of(self.files[callee[0]].functions[callee[1]], site.target)
         param = params[slot] if isinstance(slot, int) and slot < len(params) else slot
@@ -2545,6 +2553,8 @@ class CallGraph:
             found.setdefault(path, {})[f"{key}#batch-parameter:{parameter}"] = Frequency.ONCE
         for path, key, parameter in self._device_parameters():
             found.setdefault(path, {})[f"{key}#device-parameter:{parameter}"] = Frequency.ONCE
+        for path, key, parameter in self._index_parameters():
+            found.setdefault(path, {})[f"{key}#index-parameter:{parameter}"] = Frequency.ONCE
         passed = {pair for summary in self.files.values() for pair in summary.arguments_passed}
         for path, summary in self.files.items():  # `def collate(batch, device="cpu")` given a device by its callers
             for fn in summary.functions.values():

@@ -95,6 +95,8 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
     if isinstance(node, cst.Name):
         for binding in ctx.analysis.reaching_bindings(node.value, ctx.ancestors):
             value = binding.value
+            if binding.kind is BindingKind.PARAM and ctx.evidence.receives_index(node.value):
+                return None  # `mask_train` that the callers pass `idx_train` for
             if binding.kind not in (BindingKind.ASSIGN, BindingKind.UNPACK) or value is None:
                 continue
             if _index_like(value):
@@ -105,9 +107,6 @@ def mask_confidence(ctx: RuleContext, node: cst.BaseExpression) -> Confidence | 
     else:
         name = string_key(node) or ""  # `samples["loss_mask"]`
     return Confidence.LOW if _STRONG_MASK_NAME.search(name) or vocab.EPISODE_END_NAME.match(name) else None
-
-
-_INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)
 
 
 def _index_like(value: cst.BaseExpression) -> bool:
@@ -121,7 +120,7 @@ def _index_like(value: cst.BaseExpression) -> bool:
     while isinstance(value, cst.Subscript):
         value = value.value
     name = value.attr.value if isinstance(value, cst.Attribute) else value.value if isinstance(value, cst.Name) else ""
-    return bool(_INDEX_NAME.search(name))
+    return bool(vocab.INDEX_NAME.search(name))
 
 
 # torch.<op>(...) results that are tensors (top level of the torch namespace).

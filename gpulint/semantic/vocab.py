@@ -33,6 +33,7 @@ OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|
 TORCH_FACTORIES = frozenset({"zeros", "ones", "full", "empty", "eye", "arange", "linspace", "logspace", "rand", "randn",
                              "randint", "randperm", "normal"})
 # a loop that tries something again on failure (`while retries:`, `for attempt in range(3)`): not a rollout
+INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)  # integer indexes, not bool masks
 RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
 # wrappers that keep a counting loop counting (`tqdm(reversed(range(T)))`: a sampler's T steps)
