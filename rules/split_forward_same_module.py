@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from gpulint.analysis import (
     method_name,
     walk,
 )
+from gpulint.program import mentions, related_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import (
     MODULE_NAME,
@@ -282,6 +284,9 @@ _BARRIER_FUNCTIONS = {"torch.manual_seed", "torch.set_grad_enabled", "torch.auto
 _WRAP_AT = 96  # longer rewrites put the split on its own line
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.enable_grad"}
 _SILENT = "not reported: may run in training mode"  # a reason that means: report nothing
+# what a program that may hold a row-coupling network (BatchNorm, dropout, a model zoo's networks) names somewhere
+_COUPLING_TEXT = re.compile(r"BatchNorm|batch_norm|SyncBN|[Dd]ropout|\bdrop_|norm_layer|GroupNorm|InstanceNorm|"
+                            r"torchvision\.models|\btimm\b|(from|import) transformers")
 
 
 @dataclass
@@ -489,6 +494,33 @@ class SplitForwardSameModule(Rule):
                 loss = (f1 - f2).pow(2).mean()
                 loss.backward()
             """
+        ),
+        Invalid(  # built from a config, so its class is not visible; but the program's own networks use only linear
+            # and LayerNorm layers (no file names BatchNorm or dropout): the policy on observations and their
+            # augmented copies, twice per update
+            """
+            import hydra
+            import torch
+            import torch.nn as nn
+            class Actor(nn.Module):
+                def __init__(self, obs_dim, action_dim):
+                    super().__init__()
+                    self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.LayerNorm(256), nn.Tanh(),
+                                               nn.Linear(256, 2 * action_dim))
+                def forward(self, obs):
+                    return self.trunk(obs)
+            class Agent:
+                def __init__(self, actor_cfg, device):
+                    self.actor = hydra.utils.instantiate(actor_cfg).to(device)
+                def update_critic(self, next_obs, next_obs_aug, critic_optimizer):
+                    with torch.no_grad():
+                        target = self.actor(next_obs)  # error: GPU070
+                        target_aug = self.actor(next_obs_aug)
+                    loss = (target - target_aug).pow(2).mean()
+                    critic_optimizer.zero_grad()
+                    loss.backward()
+                    critic_optimizer.step()
+            """,
         ),
         Valid(  # a network whose definition is not visible, in a training step: it may have BatchNorm
             """
@@ -738,7 +770,15 @@ class SplitForwardSameModule(Rule):
         views in self-supervised learning), not of speed. `torch.no_grad()` does not change that (a momentum
         encoder runs without gradients in training mode); only `.eval()` evidence, already folded into
         `facts`, does."""
-        return facts.coupling is not None or not facts.known
+        return facts.coupling is not None or not facts.known and self._program_may_couple()
+
+    def _program_may_couple(self) -> bool:
+        """Could a network whose definition is not visible here (`hydra.utils.instantiate(cfg)`) couple rows? Yes
+        unless the program defines its own networks and no file of it names BatchNorm or dropout or takes networks
+        from a model zoo: networks built from linear, convolution and LayerNorm layers alone couple nothing."""
+        a = self.ctx.analysis
+        defines_networks = bool(a.program_networks) or any(info.is_module for info in a.classes.values())
+        return not defines_networks or any(mentions(_COUPLING_TEXT, text) for text in related_texts(self.ctx).values())
 
     # -- visitors ----------------------------------------------------------------------------
 
