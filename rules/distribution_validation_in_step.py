@@ -104,6 +104,18 @@ class DistributionValidationInStep(Rule):
                 obs, reward, done, info = env.step(action.cpu().numpy())
             """,
         ),
+        Valid(  # `Independent` around a distribution built with validation off: it checks nothing of its own
+            """
+            import torch
+            from torch.distributions import Independent, Normal
+            model = Net().cuda()
+            for x, y in loader:
+                mean, std = model(x.cuda())
+                dist = Independent(Normal(mean, std, validate_args=False), 1)
+                (-dist.log_prob(y.cuda()).mean()).backward()
+                optimizer.step()
+            """
+        ),
         Valid(  # validation chosen explicitly
             """
             import torch
@@ -170,8 +182,9 @@ class DistributionValidationInStep(Rule):
         parts = qual.split(".")
         if len(parts) < 3 or parts[:2] != ["torch", "distributions"] or not parts[-1][:1].isupper():
             return
-        if parts[-1] in ("Distribution", "ExponentialFamily"):
-            return  # base classes
+        if parts[-1] in ("Distribution", "ExponentialFamily", "Independent"):
+            return  # base classes; `Independent` checks nothing of its own (no arg_constraints, its `log_prob` is
+            # the base distribution's, which is reported where that is built)
         if call_arg(node, "validate_args") is not None or any(a.star for a in node.args):
             return  # chosen explicitly, or passed through **kwargs
         if self.ctx.hot_kind() not in _PER_STEP or self.ctx.in_test_code():

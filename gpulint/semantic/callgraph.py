@@ -46,6 +46,8 @@ _GENERIC_METHODS = frozenset({
     "load_state_dict", "state_dict", "parameters", "named_parameters", "apply", "run", "format", "join", "split",
     "insert", "clear", "save", "load", "log", "write", "read", "render", "seed", "sum",
     "mean", "max", "min", "view", "reshape", "size", "float", "long", "int", "half", "__call__", "__init__",
+    # torch.distributions' methods: `dist.log_prob(a)` is not the program's one class defining `log_prob`
+    "log_prob", "rsample", "entropy", "cdf", "icdf",
 })
 
 
