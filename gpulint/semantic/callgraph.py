@@ -811,21 +811,24 @@ class _Summariser:
                     else:
                         fn.device_names.discard(bound.id)
 
-    def _on_device(self, node: ast.expr, device: set[str], fn: FunctionSummary) -> bool:
+    def _on_device(self, node: ast.expr, device: set[str], fn: FunctionSummary, depth: int = 0) -> bool:
         """Does `node` evaluate to a GPU tensor, given the names in `device` hold some? A move to a device, or
         tensor ops (operators, tensor methods, `torch.*`/`F.*` functions) on such a value; never a read back
-        (`.item()`, `.cpu()`), a shape or a size."""
+        (`.item()`, `.cpu()`), a shape or a size. Bounded: a long generated expression (`1 + 1 + ... + 1`) is
+        not followed to its end."""
+        if depth > _DEVICE_DEPTH:
+            return False
         if isinstance(node, ast.Name):
             return node.id in device
         if isinstance(node, ast.Subscript):  # `out[0]`, not `x.shape[0]` (an attribute: not followed)
-            return self._on_device(node.value, device, fn)
+            return self._on_device(node.value, device, fn, depth + 1)
         if isinstance(node, ast.BinOp):
-            return self._on_device(node.left, device, fn) or self._on_device(node.right, device, fn)
+            return any(self._on_device(side, device, fn, depth + 1) for side in (node.left, node.right))
         if isinstance(node, ast.UnaryOp):
-            return not isinstance(node.op, ast.Not) and self._on_device(node.operand, device, fn)
+            return not isinstance(node.op, ast.Not) and self._on_device(node.operand, device, fn, depth + 1)
         if isinstance(node, ast.Compare):
             return not any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops) and any(
-                self._on_device(side, device, fn) for side in (node.left, *node.comparators))
+                self._on_device(side, device, fn, depth + 1) for side in (node.left, *node.comparators))
         if not isinstance(node, ast.Call):
             return False
         func = node.func
@@ -838,9 +841,10 @@ class _Summariser:
             if func.attr == "to":
                 return _to_a_device(node)
             if func.attr in _DEVICE_KEEPING_METHODS and not (receiver or "").startswith(("np.", "numpy.", "math.")):
-                return self._on_device(func.value, device, fn)
+                return self._on_device(func.value, device, fn, depth + 1)
             if receiver in _TORCH_FUNCTION_MODULES:
-                return any(self._on_device(a, device, fn) for a in (*node.args, *(k.value for k in node.keywords)))
+                return any(self._on_device(a, device, fn, depth + 1)
+                           for a in (*node.args, *(k.value for k in node.keywords)))
         # (a network's output is not taken for one: where the network runs is not known here, and self-play workers
         # often run a CPU copy)
         return False
@@ -1011,6 +1015,7 @@ _DEVICE_KEEPING_METHODS = frozenset({
     "sqrt", "exp", "log", "softmax", "log_softmax", "sigmoid", "tanh", "norm", "std", "var", "gather", "t",
     "transpose", "permute", "clamp", "mul", "add", "sub", "div", "eq", "ne", "gt", "lt", "ge", "le", "neg",
     "type_as", "expand", "expand_as", "repeat", "masked_fill", "cumsum", "square"})
+_DEVICE_DEPTH = 32  # nested operations followed when judging whether an expression is a GPU tensor
 _TORCH_FUNCTION_MODULES = frozenset({"torch", "F", "torch.nn.functional", "nn.functional"})
 _NOT_DEVICES = frozenset({"cpu", "float", "double", "half", "bfloat16", "float16", "float32", "float64", "int64",
                           "long", "int", "int32", "bool", "uint8"})
