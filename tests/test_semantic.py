@@ -527,3 +527,25 @@ def test_precision_switches_off_by_default(parser: str, off: tuple[str, ...]) ->
     """A `store_true` switch that `set_defaults` turns on is on by default; a bare switch with no default is off."""
     from gpulint.semantic.precision import _switches_off_by_default
     assert _switches_off_by_default("import argparse\np = argparse.ArgumentParser()\n" + parser) == off
+
+
+def test_a_file_too_deep_to_summarise_is_left_out_of_the_call_graph(monkeypatch):
+    """A RecursionError while summarising one file costs that file its place in the graph, not the program's graph."""
+    import gpulint.semantic.callgraph as callgraph
+
+    real = callgraph._Summariser
+
+    def summariser(path, *args, **kwargs):
+        if path == "deep.py":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(callgraph, "_Summariser", summariser)
+    callgraph._summarise_text.cache_clear()
+    sources = {"deep.py": "def f():\n    return 1\n",
+               "train.py": "def step(model, opt, x):\n    model(x).sum().backward()\n    opt.step()\n\n"
+                           "def main(model, opt, loader):\n    for x in loader:\n        step(model, opt, x)\n"}
+    graph = CallGraph(sources)
+    callgraph._summarise_text.cache_clear()
+    assert "deep.py" not in graph.files
+    assert graph.frequency.get(("train.py", "step")) is Frequency.PER_STEP

@@ -1387,7 +1387,10 @@ def _summarise_text(path: str, text: str, module_classes: frozenset[str]) -> Fil
         tree = ast.parse(old_spelling.text)
     except (ValueError, RecursionError, MemoryError):
         return None
-    summariser = _Summariser(path, tree, module_classes, "add_argument" in text, "yield" in text)
+    try:
+        summariser = _Summariser(path, tree, module_classes, "add_argument" in text, "yield" in text)
+    except RecursionError:
+        return None  # too deeply nested to summarise: left out of the graph (its own lint reports it), the rest stands
     summary = summariser.file
     summary.functions["<module>"] = summariser.module_fn
     _throttle_flagged_branches(summary)
