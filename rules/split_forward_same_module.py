@@ -783,34 +783,13 @@ class SplitForwardSameModule(Rule):
                            in _NO_GRAD for d in node.decorators)
         return False
 
-    def _silent_in_training(self, facts: ModuleFacts, module: cst.BaseExpression | None = None) -> bool:
+    def _silent_in_training(self, facts: ModuleFacts) -> bool:
         """BatchNorm, dropout, or a definition gpulint cannot see (which may have them): in training mode one
         batched call normalises over / draws randomness for all batches together, a change of method (two
         views in self-supervised learning), not of speed. `torch.no_grad()` does not change that (a momentum
         encoder runs without gradients in training mode); only `.eval()` evidence, already folded into
         `facts`, does."""
-        return facts.coupling is not None or not facts.known and (
-            module is None or self._built_from_library_class(module) or self._program_may_couple())
-
-    def _built_from_library_class(self, module: cst.BaseExpression) -> bool:
-        """`self.discriminator = NLayerDiscriminator(...)` with the class imported from a library: its definition
-        is elsewhere, whatever this program's own files name."""
-        a = self.ctx.analysis
-        if isinstance(module, cst.Attribute) and dotted_name(module.value) == "self":
-            info = a.enclosing_class(self.ctx.ancestors)
-            values = [b.value for b in (info.attrs.get(module.attr.value, []) if info else [])]
-        elif isinstance(module, cst.Name):
-            values = [b.value for b in a.bindings_of(module.value, self.ctx.ancestors)]
-        else:
-            return True
-        for value in values:
-            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
-                    and value.func.attr.value in ("to", "cuda", "train", "eval", "float", "half", "apply"):
-                value = value.func.value  # `Net(...).to(device)`
-            built = (dotted_name(value.func) or "").rsplit(".", 1)[-1] if isinstance(value, cst.Call) else ""
-            if built[:1].isupper() and built not in a.program_networks and built not in a.classes:
-                return True
-        return False
+        return facts.coupling is not None or not facts.known and self._program_may_couple()
 
     def _program_may_couple(self) -> bool:
         """Could a network whose definition is not visible here (`hydra.utils.instantiate(cfg)`) couple rows? Yes
@@ -1181,7 +1160,7 @@ class SplitForwardSameModule(Rule):
             return ModuleFacts(outputs=returns_arity(fn)), reason
         facts = self.modules.of_callee(call.func, self.ctx.ancestors) or UNKNOWN
         facts = self._eval_mode(call.func, facts)
-        if self._silent_in_training(facts, call.func):
+        if self._silent_in_training(facts):
             return facts, _SILENT
         if facts.blocker:
             return facts, f"not batchable: {facts.blocker}"

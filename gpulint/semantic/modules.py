@@ -23,7 +23,7 @@ from gpulint.analysis import (
 
 # methods that return the module they are called on (moved, cast or switched to train/eval mode)
 WRAPPER_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
-                             "requires_grad_", "share_memory"})
+                             "requires_grad_", "share_memory", "apply"})  # each returns the module itself
 
 
 def rebinds_itself(name: str, value: cst.BaseExpression | None) -> bool:
@@ -83,6 +83,9 @@ class ModuleFacts:
 
 
 UNKNOWN = ModuleFacts(known=False)
+# a network class imported from outside the program: like a model zoo's, it may have BatchNorm or dropout
+_LIBRARY_CLASS = ModuleFacts(known=False,
+                             coupling="BatchNorm or dropout (a class from outside the program may have them)")
 
 
 def _is_zero(node: cst.BaseExpression | None) -> bool:
@@ -836,12 +839,15 @@ def module_like(expr: cst.BaseExpression, ctx, depth: int = 0) -> bool:
 
 def program_class_facts(ctx) -> Callable[[str], ModuleFacts | None]:  # noqa: ANN001
     """For `ModuleResolver(imported=...)`: the facts of a network class the current file imports, read from the
-    one file of its program (among those it imports, transitively) that defines a class of that name; None when
-    none or several do. Each such file is parsed once per run, and only when a rule asks."""
+    one file of its program (among those it imports, transitively) that defines a class of that name; a library
+    class's when none does; None when several do. Each such file is parsed once per run, and only when a rule asks."""
     from gpulint.program import defining_files  # (the program layer reads imports without libcst)
 
     def facts(name: str) -> ModuleFacts | None:
-        files = [path for path in defining_files(ctx, "class", name) if path != ctx.path]
+        defining = defining_files(ctx, "class", name)
+        if not defining:  # a library's class (`NLayerDiscriminator` from taming): its layers are not in sight
+            return _LIBRARY_CLASS
+        files = [path for path in defining if path != ctx.path]
         if len(files) != 1:
             return None
         path = files[0]
