@@ -840,7 +840,7 @@ class _Summariser:
                 return True
             if func.attr == "to":
                 return _to_a_device(node)
-            if func.attr in _DEVICE_KEEPING_METHODS and not (receiver or "").startswith(("np.", "numpy.", "math.")):
+            if func.attr in vocab.TENSOR_PRESERVING_METHODS and not (receiver or "").startswith(("np.", "numpy.", "math.")):
                 return self._on_device(func.value, device, fn, depth + 1)
             if receiver in _TORCH_FUNCTION_MODULES:
                 return any(self._on_device(a, device, fn, depth + 1)
@@ -1008,13 +1008,6 @@ class _Summariser:
                         classes.append(built)
 
 
-# tensor methods whose result stays on the tensor's device (a host read, a size or a shape is none of them)
-_DEVICE_KEEPING_METHODS = frozenset({
-    "float", "double", "half", "bfloat16", "long", "int", "bool", "mean", "sum", "prod", "max", "min", "argmax",
-    "argmin", "detach", "clone", "view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "abs", "pow",
-    "sqrt", "exp", "log", "softmax", "log_softmax", "sigmoid", "tanh", "norm", "std", "var", "gather", "t",
-    "transpose", "permute", "clamp", "mul", "add", "sub", "div", "eq", "ne", "gt", "lt", "ge", "le", "neg",
-    "type_as", "expand", "expand_as", "repeat", "masked_fill", "cumsum", "square"})
 _DEVICE_DEPTH = 32  # nested operations followed when judging whether an expression is a GPU tensor
 _TORCH_FUNCTION_MODULES = frozenset({"torch", "F", "torch.nn.functional", "nn.functional"})
 _NOT_DEVICES = frozenset({"cpu", "float", "double", "half", "bfloat16", "float16", "float32", "float64", "int64",

@@ -25,7 +25,7 @@ from gpulint.analysis import (
 )
 from gpulint.rule import RuleContext
 from gpulint.semantic import vocab
-from gpulint.semantic.placement import HOST, TENSOR_PRESERVING_METHODS, Placement
+from gpulint.semantic.placement import HOST, Placement
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def _call_verdict(ctx: RuleContext, node: cst.Call, depth: int, at: int | None) 
     if name is not None and isinstance(node.func, cst.Attribute):
         if name in _TENSOR_ONLY_METHODS and name not in _SHARED_WITH_NUMPY:
             return True
-        if name in _SHARED_WITH_NUMPY or name in TENSOR_PRESERVING_METHODS:
+        if name in _SHARED_WITH_NUMPY or name in vocab.TENSOR_PRESERVING_METHODS:
             return tensor_verdict(ctx, node.func.value, depth + 1, at)
     return None
 

@@ -915,14 +915,6 @@ def tensors_by_use(function: cst.CSTNode) -> frozenset[str]:
 
 
 _LOSS_HOPS = 3  # assignments followed back from a backward()-ed loss
-# methods whose result is a tensor exactly when their receiver is one (`(weights * loss).mean()`, `x.float()`)
-TENSOR_PRESERVING_METHODS = frozenset({"sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "std", "var",
-                                       "median", "nansum", "nanmean", "any", "all", "count_nonzero", "abs", "neg",
-                                       "pow", "clamp", "float", "half", "bfloat16", "double", "exp", "log", "sqrt",
-                                       "detach", "clone", "contiguous", "to", "cuda", "squeeze", "unsqueeze",
-                                       "reshape", "view", "flatten", "transpose", "permute", "t", "softmax",
-                                       "sigmoid", "isnan", "isinf", "isfinite", "bool", "long", "int", "eq", "ne",
-                                       "gt", "ge", "lt", "le", "logical_not"})
 
 
 def _loss_operands(node: cst.BaseExpression, out: list[cst.BaseExpression]) -> None:
@@ -931,7 +923,7 @@ def _loss_operands(node: cst.BaseExpression, out: list[cst.BaseExpression]) -> N
     _leaf_operands(node, leaves)
     for leaf in leaves:
         while isinstance(leaf, cst.Call) and isinstance(leaf.func, cst.Attribute) \
-                and leaf.func.attr.value in TENSOR_PRESERVING_METHODS:
+                and leaf.func.attr.value in vocab.TENSOR_PRESERVING_METHODS:
             leaf = leaf.func.value
         if isinstance(leaf, (cst.BinaryOperation, cst.UnaryOperation)):
             _loss_operands(leaf, out)
@@ -942,7 +934,7 @@ def _loss_operands(node: cst.BaseExpression, out: list[cst.BaseExpression]) -> N
 def _converts(value: cst.BaseExpression, name: str) -> bool:
     """Does `name = value` read the name's earlier value other than through a tensor method on it?"""
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
-            and value.func.attr.value in TENSOR_PRESERVING_METHODS:
+            and value.func.attr.value in vocab.TENSOR_PRESERVING_METHODS:
         value = value.func.value
     if isinstance(value, cst.Name) and value.value == name:
         return False

@@ -33,6 +33,15 @@ OUTPUT_FUNCTION = re.compile(r"^_?(save|load|plot|render|visuali[sz]e|draw|dump|
 TORCH_FACTORIES = frozenset({"zeros", "ones", "full", "empty", "eye", "arange", "linspace", "logspace", "rand", "randn",
                              "randint", "randperm", "normal"})
 # a loop that tries something again on failure (`while retries:`, `for attempt in range(3)`): not a rollout
+# tensor methods whose result is a tensor where the receiver is (reductions, casts, reshapes, elementwise math)
+TENSOR_PRESERVING_METHODS = frozenset({
+    "abs", "add", "all", "amax", "amin", "any", "argmax", "argmin", "bfloat16", "bool", "clamp", "clone",
+    "contiguous", "count_nonzero", "cuda", "cumsum", "detach", "div", "double", "eq", "exp", "expand", "expand_as",
+    "flatten", "float", "gather", "ge", "gt", "half", "int", "isfinite", "isinf", "isnan", "le", "log",
+    "log_softmax", "logical_not", "long", "lt", "masked_fill", "max", "mean", "median", "min", "mul", "nanmean",
+    "nansum", "ne", "neg", "norm", "permute", "pow", "prod", "repeat", "reshape", "sigmoid", "softmax", "sqrt",
+    "square", "squeeze", "std", "sub", "sum", "t", "tanh", "to", "transpose", "type_as", "unsqueeze", "var",
+    "view"})
 INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)  # integer indexes, not bool masks
 RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
