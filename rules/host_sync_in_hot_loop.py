@@ -196,6 +196,35 @@ class HostSyncInHotLoop(Rule):
     triggers = (".item(", ".tolist(", ".cpu(", ".to(", "print(", "float(", "int(", "bool(", "f\"", "f'", "%",
                 ".format(", "log", "add_scalar", "add_histogram", "numpy(", "math.", ".data[0]")
     examples = [
+        Invalid(  # a registered buffer lives where its module does: read on the host in every forward
+            """
+            import torch
+            from torch import nn
+
+            class Memory(nn.Module):
+                def __init__(self, size, temperature):
+                    super().__init__()
+                    self.register_buffer("params", torch.tensor([size, temperature]))
+                    self.register_buffer("bank", torch.randn(size, 128))
+
+                def forward(self, x):
+                    temperature = self.params[1].item()  # error: GPU005
+                    return x @ self.bank.t() / temperature
+
+            memory = Memory(4096, 0.07).cuda()
+            """
+        ),
+        Invalid(  # the norm FSDP's `clip_grad_norm_` returns is a GPU tensor, read every optimizer step
+            """
+            import torch
+
+            def train(policy, batches, optimizer):
+                for batch in batches:
+                    policy(batch.cuda(non_blocking=True)).mean().backward()
+                    grad_norm = policy.clip_grad_norm_(1.0).item()  # error: GPU005
+                    optimizer.step()
+            """
+        ),
         Valid(  # read only when the caller's flag says so, and the flag is set every 100 steps
             """
             import torch

@@ -32,6 +32,13 @@ class ManualAttention(Rule):
     `att = att.masked_fill(...)`, `att = F.softmax(att, dim=-1)`, `att = self.attn_dropout(att)`,
     `y = att @ v`), and rewrites it to `F.scaled_dot_product_attention`.
 
+    Attention the rewrite cannot follow is reported at its scores without a fix: the scores assigned in the
+    branches of an `if`, keys transposed before the product (`bmm(theta.transpose(1, 2), phi)` in a non-local
+    block), the weights on the right of the product (`bmm(g, p.transpose(1, 2))`), any two-operand `einsum`
+    whose softmax runs over the key index. The steps between the product and the softmax, and between the
+    softmax and the product with the values, must be element-wise (scaling, masks, biases, casts, views,
+    dropout): a layer in between (talking heads mixing the heads) is not this pattern.
+
     It stays silent where the function or its class already calls `scaled_dot_product_attention` (or a
     flash-attention kernel): there the manual form is a fallback path (nanoGPT's `if self.flash: ... else:`,
     timm's `if self.fused_attn: ... else:`).
@@ -233,6 +240,60 @@ class ManualAttention(Rule):
                 return out, w
             """,
         ),
+        Invalid(  # scores assigned in both branches of an `if`: reported at the scores, without a fix
+            """
+            import math
+            import torch.nn.functional as F
+            def attention(q, k, v, by_layer, layer):
+                if by_layer:
+                    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1)) / layer
+                else:
+                    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # error: GPU030
+                att = F.softmax(att, dim=-1)
+                return att @ v
+            """
+        ),
+        Invalid(  # a non-local block: keys transposed before the product, the weights on the right of `bmm`
+            """
+            import torch
+            import torch.nn.functional as F
+            def non_local(theta, phi, g):
+                scores = torch.bmm(theta.transpose(1, 2), phi)  # error: GPU030
+                p = F.softmax(scores * 0.125, dim=-1)
+                return torch.bmm(g, p.transpose(1, 2))
+            """
+        ),
+        Invalid(  # einsum attention over a key index the spec names, the softmax cast back to the input's dtype
+            """
+            import torch
+            def attention(q, k, v):
+                weight = torch.einsum("bct,bcs->bts", q * 0.3, k * 0.3)  # error: GPU030
+                weight = torch.softmax(weight.float(), dim=-1).type(weight.dtype)
+                return torch.einsum("bts,bcs->bct", weight, v)
+            """
+        ),
+        Valid(  # talking heads: the weights are mixed across heads by a parameter around the softmax
+            """
+            import torch
+            from torch import nn
+            class TalkingHeads(nn.Module):
+                def forward(self, q, k, v):
+                    dots = torch.einsum("bhid,bhjd->bhij", q, k)
+                    dots = torch.einsum("bhij,hg->bgij", dots, self.mix_pre)
+                    attn = dots.softmax(dim=-1)
+                    attn = torch.einsum("bhij,hg->bgij", attn, self.mix_post)
+                    return torch.einsum("bhij,bhjd->bhid", attn, v)
+            """
+        ),
+        Valid(  # a softmax over the query index of an einsum (`i`, not the keys `j`): not attention
+            """
+            import torch
+            def pool(q, k, v):
+                sim = torch.einsum("bid,bjd->bij", q, k)
+                w = sim.softmax(dim=1)
+                return torch.einsum("bij,bjd->bid", w, v)
+            """
+        ),
     ]
     micro_check = MicroCheck(
         kinds=("EQ",),
@@ -272,6 +333,8 @@ class ManualAttention(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._fused_cache: dict[int, bool] = {}
+        self._flows: dict[int, _FunctionFlow] = {}
+        self._loosely_reported: set[int] = set()
 
     # -- anchors: `p @ v`, `torch.matmul(p, v)`, `torch.einsum("...qk,...kd->...qd", p, v)` ---------------
 
@@ -289,6 +352,15 @@ class ManualAttention(Rule):
             spec = _einsum_spec(string_value(node.args[0].value))
             if spec is not None and spec.kind == "pv":
                 self._check(node, node.args[1].value, node.args[2].value, spec.rank)
+            elif _einsum_operands(node) is not None and _statement_position(self.ctx.ancestors) is not None:
+                switched_off = self._under_switch_off_by_default()
+                if switched_off or not self._next_to_fused_attention():
+                    self._report_loosely(node, _einsum_operands(node)[1], switched_off)  # type: ignore[index]
+        elif qual == "torch.einsum" and len(node.args) == 2 and _einsum_operands(node) is not None \
+                and _statement_position(self.ctx.ancestors) is not None:  # `einsum(spec, (a, b))`
+            switched_off = self._under_switch_off_by_default()
+            if switched_off or not self._next_to_fused_attention():
+                self._report_loosely(node, _einsum_operands(node)[1], switched_off)  # type: ignore[index]
 
     # -- the match ---------------------------------------------------------------------------------------
 
@@ -304,6 +376,7 @@ class ManualAttention(Rule):
         tracer = _Tracer(self, block, final_index)
         trace = tracer.probs(probs, final_index, _Trace())
         if trace is None or trace.q is None:
+            self._report_loosely(anchor, (probs, value), switched_off)
             return
         if value_rank is not None and trace.rank is not None and value_rank != trace.rank:
             return
@@ -377,6 +450,48 @@ class ManualAttention(Rule):
         between = [stmts[j] for j in range(min(consumed, default=final_index), final_index) if j not in consumed]
         return _weights_escape(between, names, params, returns)
 
+    # -- attention in a shape the rewrite does not follow: reported without a fix ---------------------------
+
+    def _report_loosely(self, anchor: cst.BaseExpression, operands: Sequence[cst.BaseExpression],
+                        switched_off: bool) -> None:
+        """`weights @ v` (or `bmm`, `matmul`, a two-operand `einsum`) whose weights are a softmax over the key
+        dimension of a product of two activations (`q @ k`, `bmm(q, k)`, `einsum("bhid,bhjd->bhij", q, k)`), the
+        steps between them element-wise (scaling, masks, biases, dropout, views): attention the rewrite cannot
+        follow (assigned in branches, keys transposed elsewhere, the weights on the right of the product, a
+        non-local block). Reported at the scores' statement, without a fix."""
+        function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
+        if function is None:
+            return
+        flow = _FunctionFlow.of(self, function)
+        statement = next(n for n in reversed(self.ctx.ancestors) if type(n) is cst.SimpleStatementLine)
+        for operand in operands:
+            others = [o for o in operands if o is not operand]
+            if any((dotted_name(o) or "").startswith("self.") for o in others):
+                continue  # weights times a parameter (talking heads mixing the heads): no attention output
+            weights = flow.softmax_origin(operand, statement)
+            if weights is None:
+                continue
+            softmax, weight_names = weights
+            scores = flow.scores_of(softmax)
+            if scores is None:
+                continue
+            product_statement, names = scores
+            params = {p.name.value for p in (*function.params.posonly_params, *function.params.params,
+                                            *function.params.kwonly_params)}
+            if _weights_escape([function], weight_names | names, params):
+                return  # the weights (or the scores) leave the function: SDPA cannot give them
+            if id(product_statement) in self._loosely_reported:
+                return
+            self._loosely_reported.add(id(product_statement))
+            problems = ["the attention is written in a shape the rewrite does not follow (assigned in branches, "
+                        "keys transposed elsewhere, or the weights on the right of the product): replace it with "
+                        "`F.scaled_dot_product_attention(q, k, v, ...)` by hand"]
+            if switched_off:
+                problems.append("the fused kernel is behind a switch that is off by default, so this path is the "
+                                "one that runs: turn the switch on by default")
+            self.report(product_statement, note=_problem_note(problems))
+            return
+
     def _next_to_fused_attention(self) -> bool:
         """In a function or class that also calls a fused kernel: the manual form is its fallback."""
         for node in reversed(self.ctx.ancestors):
@@ -385,7 +500,8 @@ class ManualAttention(Rule):
                 if key not in self._fused_cache:
                     self._fused_cache[key] = any(
                         _FUSED_ATTENTION_NAME.search(n.value if isinstance(n, cst.Name) else n.attr.value)
-                        for n in _iter_nodes(node) if isinstance(n, (cst.Name, cst.Attribute)))
+                        for n in _iter_nodes(node) if isinstance(n, (cst.Name, cst.Attribute))
+                        and not _names_own_method(n, node))
                 if self._fused_cache[key]:
                     return True
         return False
@@ -660,7 +776,7 @@ class _Tracer:
         if not isinstance(expr, cst.Call) or has_star_args(expr):
             return None
         qual = self.ctx.qualname(expr.func)
-        module_dim = self._softmax_module_dim(expr.func) if len(expr.args) == 1 else None
+        module_dim = _softmax_module_dim(self.ctx, expr.func) if len(expr.args) == 1 else None
         if qual in _SOFTMAX_FUNCTIONS:
             x, dim = call_arg(expr, "input", 0), call_arg(expr, "dim", 1)
         elif module_dim is not None and expr.args[0].keyword is None:  # `self.softmax(x)`, an `nn.Softmax(dim=-1)`
@@ -668,7 +784,7 @@ class _Tracer:
         elif method_name(expr) == "softmax" and qual is None:
             assert isinstance(expr.func, cst.Attribute)
             receiver = expr.func.value
-            module_dim = self._softmax_module_dim(receiver)
+            module_dim = _softmax_module_dim(self.ctx, receiver)
             if module_dim is not None:
                 return None  # `self.softmax.softmax(...)`: not a pattern
             x, dim = cst.Arg(receiver), call_arg(expr, "dim", 0)
@@ -688,25 +804,6 @@ class _Tracer:
             t.problems.append("the softmax runs in another dtype")
             inner = inner.func.value
         return self.scores(inner, pos, t)
-
-    def _softmax_module_dim(self, func: cst.BaseExpression) -> cst.BaseExpression | None:
-        """`self.softmax` built as `nn.Softmax(dim=-1)`: its dim."""
-        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"):
-            return None
-        info = self.ctx.analysis.enclosing_class(self.ctx.ancestors)
-        bindings = info.attrs.get(func.attr.value, []) if info else []
-        dims = set()
-        found = None
-        for binding in bindings:
-            value = binding.value
-            if not (isinstance(value, cst.Call) and self.ctx.qualname(value.func) == "torch.nn.Softmax"):
-                return None
-            dim = call_arg(value, "dim", 0)
-            if dim is None:
-                return None
-            dims.add(self.ctx.code(dim.value))
-            found = dim.value
-        return found if len(dims) == 1 else None
 
     # scores := scores.masked_fill(M, -inf) | scores + bias | scores * s | s * scores | scores / s | q @ kT
     def scores(self, expr: cst.BaseExpression, pos: int, t: _Trace) -> _Trace | None:
@@ -895,6 +992,233 @@ class _Tracer:
             t.problems.append("the attention weights are used after the attention")
 
 
+class _FunctionFlow:
+    """Where a name got its value in one function: the last assignment before a statement, in source order (so
+    across the branches of an `if`, which the loose match accepts: each branch computes the same kind of value)."""
+
+    def __init__(self, rule: ManualAttention, function: cst.FunctionDef) -> None:
+        self.rule = rule
+        self.ctx = rule.ctx
+        order = self.ctx.analysis.order
+        self.assignments: dict[str, list[tuple[int, cst.SimpleStatementLine, cst.BaseExpression | None]]] = {}
+        for node in _scope_nodes([function]):
+            if type(node) is not cst.SimpleStatementLine or id(node) not in order:
+                continue
+            for small in node.body:
+                if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
+                    value: cst.BaseExpression | None = small.value
+                    name = small.targets[0].target.value  # type: ignore[attr-defined]
+                elif type(small) is cst.AugAssign and type(small.target) is cst.Name:
+                    value, name = None, small.target.value  # `att *= scale`: the value it had, rescaled
+                else:
+                    for target in _flat_targets([t.target for t in getattr(small, "targets", ())]):
+                        if isinstance(target, cst.Name):  # unpacked: an origin this match does not follow
+                            self.assignments.setdefault(target.value, []).append((order[id(node)], node, _UNFOLLOWED))
+                    continue
+                self.assignments.setdefault(name, []).append((order[id(node)], node, value))
+        for found in self.assignments.values():
+            found.sort(key=lambda a: a[0])
+
+    @classmethod
+    def of(cls, rule: ManualAttention, function: cst.FunctionDef) -> "_FunctionFlow":
+        flow = rule._flows.get(id(function))
+        if flow is None:
+            flow = rule._flows[id(function)] = cls(rule, function)
+        return flow
+
+    def _origin(self, name: str, before: cst.SimpleStatementLine
+                ) -> tuple[cst.BaseExpression, cst.SimpleStatementLine] | None:
+        """The value last assigned to `name` before the statement `before` (through augmented assignments)."""
+        position = self.ctx.analysis.order.get(id(before), 0)
+        for at, statement, value in reversed(self.assignments.get(name, [])):
+            if at >= position:
+                continue
+            if value is None:
+                position = at
+                continue
+            return value, statement
+        return None
+
+    def softmax_origin(self, expr: cst.BaseExpression, statement: cst.SimpleStatementLine
+                       ) -> tuple[cst.Call, set[str]] | None:
+        """The softmax call whose output `expr` is, through dropout, views, casts and rescaling, and the names that
+        held it on the way."""
+        return self._search(expr, statement, lambda e, _: e if _softmax_parts(self.rule, e) is not None else None,
+                            dropout=True)
+
+    def scores_of(self, softmax: cst.Call) -> tuple[cst.SimpleStatementLine, set[str]] | None:
+        """The statement computing the product of two activations that the softmax normalises over its key
+        dimension, and the names that held the scores; None if the softmax input is no such product."""
+        parts = _softmax_parts(self.rule, softmax)
+        if parts is None:
+            return None
+        expr, dim = parts
+        statement = next((candidate for found in self.assignments.values() for _, candidate, value in found
+                          if value is not None and any(n is softmax for n in _iter_nodes(value))),
+                         None) or next(n for n in reversed(self.ctx.ancestors) if type(n) is cst.SimpleStatementLine)
+
+        def product_here(node: cst.BaseExpression, at: cst.SimpleStatementLine) -> cst.SimpleStatementLine | None:
+            product = _activation_product(self.ctx, node)
+            if product is None:
+                return None
+            rank, key_dims = product
+            if key_dims:  # an einsum names its key dimension: the softmax must run over it
+                return at if dim in key_dims else None
+            fits = dim == -1 or (rank is not None and dim == rank - 1) or (rank is None and dim >= 2)
+            return at if fits else None
+
+        return self._search(expr, statement, product_here, dropout=False)
+
+    def _search(self, expr: cst.BaseExpression, statement: cst.SimpleStatementLine, goal, *, dropout: bool):
+        """Follow `expr` back through assignments and element-wise steps (both operands of an arithmetic step)
+        until `goal(node, its statement)` gives a result: (that result, the names passed through)."""
+        names: set[str] = set()
+        pending = [(expr, statement)]
+        for _ in range(32):
+            if not pending:
+                return None
+            node, at = pending.pop()
+            if isinstance(node, cst.Name):
+                got = self._origin(node.value, at)
+                if got is not None:
+                    names.add(node.value)
+                    pending.append(got)
+                continue
+            found = goal(node, at)
+            if found is not None:
+                return found, names
+            pending.extend((inner, at) for inner in reversed(_elementwise_operands(self.ctx, node, dropout=dropout)))
+        return None
+
+
+_UNFOLLOWED = cst.Ellipsis()  # the origin of a name bound by unpacking: a dead end for the loose match
+
+
+def _softmax_parts(rule: ManualAttention, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
+    """(input, dim) of `F.softmax(x, dim=d)`, `x.softmax(d)`, `self.softmax(x)` (an `nn.Softmax(dim=d)`)."""
+    if not isinstance(expr, cst.Call) or has_star_args(expr):
+        return None
+    ctx = rule.ctx
+    qual = ctx.qualname(expr.func)
+    if qual in _SOFTMAX_FUNCTIONS:
+        x, dim = call_arg(expr, "input", 0), call_arg(expr, "dim", 1)
+        dim_value = dim.value if dim is not None else None
+    elif method_name(expr) == "softmax" and qual is None and isinstance(expr.func, cst.Attribute) \
+            and dotted_name(expr.func.value) not in ("F", "torch", "nn.functional"):
+        x, dim = cst.Arg(expr.func.value), call_arg(expr, "dim", 0)
+        dim_value = dim.value if dim is not None else None
+    elif len(expr.args) == 1 and expr.args[0].keyword is None:
+        dim_value = _softmax_module_dim(ctx, expr.func)
+        x = expr.args[0]
+    else:
+        return None
+    number = _int_literal(dim_value) if dim_value is not None else None
+    return (x.value, number) if x is not None and number is not None else None
+
+
+_VIEW_METHODS = {"view", "reshape", "contiguous", "permute", "transpose", "float", "half", "bfloat16", "to", "type",
+                 "type_as", "masked_fill", "masked_fill_", "mul", "div", "add", "squeeze", "unsqueeze"}
+
+
+def _elementwise_operands(ctx, expr: cst.BaseExpression, *, dropout: bool) -> list[cst.BaseExpression]:
+    """The tensors an element-wise step (or a view, a cast, a mask; a dropout when `dropout`) applies to."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide, cst.Add,
+                                                                             cst.Subtract)):
+        return [side for side in (expr.left, expr.right) if _carries_tensor(side)]
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        return [expr.expression]
+    if not isinstance(expr, cst.Call) or has_star_args(expr):
+        return []
+    qual = ctx.qualname(expr.func)
+    if qual == "torch.where" and len(expr.args) == 3:
+        return [expr.args[1].value, expr.args[2].value]
+    if dropout and (qual in _DROPOUT_FUNCTIONS or len(expr.args) == 1 and "drop" in
+                    (dotted_name(expr.func) or "").rsplit(".", 1)[-1].lower()):
+        return [expr.args[0].value]
+    if qual is None and method_name(expr) in _VIEW_METHODS and isinstance(expr.func, cst.Attribute):
+        return [expr.func.value]
+    return []
+
+
+def _carries_tensor(node: cst.BaseExpression) -> bool:
+    """Could `node` be the chain's tensor rather than its scale (a name, attribute, call or product)?"""
+    return isinstance(node, (cst.Name, cst.Call, cst.BinaryOperation, cst.Subscript)) and not (
+        isinstance(node, cst.Call) and dotted_name(node.func) in ("math.sqrt", "sqrt", "float", "int"))
+
+
+_WEIGHT_NAME = re.compile(r"(weight|embedding|embed|codebook|wte|lm_head)$", re.I)
+
+
+def _activation_product(ctx, expr: cst.BaseExpression) -> tuple[int | None, tuple[int, ...]] | None:
+    """(rank when known, positions of the key dimension) of a product of two activations: `a @ b`,
+    `torch.matmul` / `bmm` (or the methods), a two-operand `einsum` with a query-only and a key-only index; not
+    a product with a layer's weight (`x @ self.weight.t()`, logits over a vocabulary)."""
+    operands: Sequence[cst.BaseExpression]
+    rank: int | None = None
+    keys: tuple[int, ...] = ()
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply):
+        operands = (expr.left, expr.right)
+    elif isinstance(expr, cst.Call) and not has_star_args(expr):
+        qual = ctx.qualname(expr.func)
+        positional = [a.value for a in expr.args if a.keyword is None]
+        if qual in _MATMUL_FUNCTIONS and len(positional) == 2:
+            operands, rank = positional, 3 if qual == "torch.bmm" else None
+        elif qual is None and method_name(expr) in ("matmul", "bmm") and len(positional) == 1 \
+                and isinstance(expr.func, cst.Attribute):
+            operands, rank = (expr.func.value, positional[0]), 3 if method_name(expr) == "bmm" else None
+        elif qual == "torch.einsum":
+            found = _einsum_operands(expr)
+            if found is None:
+                return None
+            (first, second, output), operands = found
+            first, second, named = (part.replace("...", "") for part in (first, second, output))
+            if not set(first) - set(second) & set(named):
+                return None
+            # key dimensions counted from the end when a `...` leaves the rank open
+            keys = tuple(i - len(named) for i, letter in enumerate(named) if letter in set(second) - set(first))
+            if not keys:
+                return None
+            rank = None if "..." in output else len(output)
+            if rank is not None:
+                keys += tuple(rank + i for i in keys)
+        else:
+            return None
+    else:
+        return None
+    for operand in operands:
+        while isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) \
+                and method_name(operand) in _VIEW_METHODS | {"t"}:
+            operand = operand.func.value
+        if isinstance(operand, (cst.Integer, cst.Float)) or _WEIGHT_NAME.search(dotted_name(operand) or ""):
+            return None
+    return rank, keys
+
+
+def _einsum_operands(call: cst.Call) -> tuple[tuple[str, str, str], tuple[cst.BaseExpression, ...]] | None:
+    """((first, second, output) index letters, (a, b)) of `einsum(spec, a, b)` or `einsum(spec, (a, b))` whose
+    spec contracts an index (one in both inputs, not in the output); None otherwise."""
+    if not call.args or has_star_args(call):
+        return None
+    spec = string_value(call.args[0].value)
+    if spec is None:
+        return None
+    spec = spec.replace(" ", "")
+    if spec.count("->") != 1 or spec.count(",") != 1:
+        return None
+    inputs, output = spec.split("->")
+    first, second = inputs.split(",")
+    if len(call.args) == 3:
+        operands = (call.args[1].value, call.args[2].value)
+    elif len(call.args) == 2 and isinstance(call.args[1].value, (cst.Tuple, cst.List)) \
+            and len(call.args[1].value.elements) == 2:
+        operands = tuple(e.value for e in call.args[1].value.elements)
+    else:
+        return None
+    if not (set(first) & set(second)) - set(output) - {"."}:  # nothing contracted: an outer product
+        return None
+    return (first, second, output), operands
+
+
 def _check_order(t: _Trace) -> None:
     """SDPA computes `q @ k^T * scale + mask`: an additive mask applied before the scaling differs."""
     seen_add = False
@@ -989,6 +1313,35 @@ def _int_literal(node: cst.BaseExpression | None) -> int | None:
     if isinstance(node, cst.Integer):
         return sign * int(node.evaluated_value)
     return None
+
+
+def _names_own_method(node: cst.Name | cst.Attribute, scope: cst.FunctionDef | cst.ClassDef) -> bool:
+    """The name of a method defined in `scope` (`def _scaled_dot_product_attention(...)` written by hand, or
+    `self._scaled_dot_product_attention(...)` calling it): not the fused kernel."""
+    name = node.value if isinstance(node, cst.Name) else node.attr.value
+    if isinstance(node, cst.Attribute) and dotted_name(node.value) != "self":
+        return False
+    return any(isinstance(n, cst.FunctionDef) and n.name.value == name for n in _iter_nodes(scope))
+
+
+def _softmax_module_dim(ctx, func: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`self.softmax` built as `nn.Softmax(dim=-1)`: its dim."""
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"):
+        return None
+    info = ctx.analysis.enclosing_class(ctx.ancestors)
+    bindings = info.attrs.get(func.attr.value, []) if info else []
+    dims = set()
+    found = None
+    for binding in bindings:
+        value = binding.value
+        if not (isinstance(value, cst.Call) and ctx.qualname(value.func) == "torch.nn.Softmax"):
+            return None
+        dim = call_arg(value, "dim", 0)
+        if dim is None:
+            return None
+        dims.add(ctx.code(dim.value))
+        found = dim.value
+    return found if len(dims) == 1 else None
 
 
 def _is_softmax_call(ctx, node: cst.BaseExpression) -> bool:

@@ -9,7 +9,7 @@ from gpulint.pins import torch_pinned_below
 from gpulint.program import current_text, linked_texts, mentions, reach_texts, site_program_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
-from gpulint.semantic.precision import FP64, LOW_PRECISION, in_code, precision_switched_off, runs_on_cuda
+from gpulint.semantic.precision import FP64, in_code, precision_switched_off, runs_on_cuda, uses_low_precision
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # the script picks its device at run time: the autocast fix follows the script's device variable
@@ -323,7 +323,7 @@ class NoAutocast(Rule):
         if any(mentions(_CUSTOM_KERNELS, t) for t in joined) or any(in_code(FP64, t) for t in joined):
             return  # fp64 in code (a comment mentioning it runs nothing in fp64)
         opt_in = None
-        if any(in_code(LOW_PRECISION, t) for t in joined):
+        if any(uses_low_precision(t) for t in joined):
             opt_in = precision_switched_off(self.ctx, texts)
             if opt_in is None:
                 return  # mixed precision is in effect

@@ -33,7 +33,9 @@ _COMPLEX_PARAMETER = re.compile(r"Parameter\([^\n]*\btorch\.(complex32|complex64
 # CUDA text evidence, including the device-generic API (torch >= 2.6) and NCCL: CUDA on NVIDIA machines
 _CUDA_TEXT = re.compile(
     CUDA_TEXT_PATTERN + r"""|\btorch\.accelerator\.|["']nccl["']""")
-_SPARSE_GRADS = re.compile(r"\bsparse\s*=\s*True\b")
+# layers that produce sparse gradients (a `sparse=True` elsewhere, in a help string, is no such layer)
+_SPARSE_GRADS = re.compile(r"\b(?:Embedding|EmbeddingBag|embedding|embedding_bag)\([^)]*\bsparse\s*=\s*True\b|"
+                           r"\bsparse_grad\s*=\s*True\b")
 _GRAD_SCALER = re.compile(r"\bGradScaler\b")
 _XLA = re.compile(r"\btorch_xla\b")
 # Modules built on the device without a visible move: a default-device context or setting.
@@ -104,6 +106,37 @@ class OptimizerNotFused(Rule):
                     self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=3e-4, fused=True)
                     self.log_alpha = torch.tensor([0.0], requires_grad=True)
                     self.alpha_optimizer = torch.optim.Adam(params=[self.log_alpha], lr=3e-4)
+            """
+        ),
+        Invalid(  # a container of modules moved through another container (knowledge distillation's lists)
+            """
+            import torch
+            from torch import nn
+            student, teacher = nn.Linear(8, 8), nn.Linear(8, 8)
+            trainable = nn.ModuleList([])
+            trainable.append(student)
+            everything = nn.ModuleList([student, teacher])
+            everything.cuda()
+            optimizer = torch.optim.SGD(trainable.parameters(), lr=0.1, momentum=0.9)  # error: GPU032
+            """,
+            fixed="""
+            import torch
+            from torch import nn
+            student, teacher = nn.Linear(8, 8), nn.Linear(8, 8)
+            trainable = nn.ModuleList([])
+            trainable.append(student)
+            everything = nn.ModuleList([student, teacher])
+            everything.cuda()
+            optimizer = torch.optim.SGD(trainable.parameters(), lr=0.1, momentum=0.9, fused=True)  # error: GPU032
+            """,
+        ),
+        Valid(  # sparse embedding gradients: fused SGD raises on them
+            """
+            import torch
+            from torch import nn
+            model = nn.Embedding(1000, 64,
+                                 sparse=True).cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             """
         ),
         Valid(  # plain SGD (no momentum): already one kernel per step, fused gains nothing measurable
@@ -394,6 +427,10 @@ def _trains_on_cuda(ctx) -> bool:
 # where do the optimizer's parameters live?
 
 
+_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.ParameterList",
+                         "torch.nn.ParameterDict", "torch.nn.Sequential"})
+
+
 def _stays_on_cpu(ctx, call: cst.Call) -> bool:  # noqa: ANN001 - RuleContext
     """The parameters are `X.parameters()` (possibly in a list, a comprehension or param groups) of modules `X`
     that are all local names built in this file's scope on the CPU and never moved, wrapped or handed to code
@@ -444,6 +481,12 @@ class _Placement:
                     a.keyword is not None and a.keyword.value in ("device", "device_map") for a in inner.args)):
                 return False  # Net().cuda(), nn.Linear(1, 1, device="cuda")
         qual = self.a.call_qualname(value) or ""
+        if qual in _CONTAINERS:
+            # its parameters are those of the modules put in it (`trainable.append(student)`), which may be moved
+            # through another container or name (`modules.cuda()`): built on the CPU only when made of layers
+            return qual == "torch.nn.Sequential" and all(
+                isinstance(a.value, cst.Call) and (self.a.call_qualname(a.value) or "").startswith("torch.nn.")
+                for a in value.args)
         if qual.startswith("torch.nn.") and qual.rsplit(".", 1)[-1][:1].isupper() \
                 and not qual.startswith("torch.nn.parallel."):
             return True

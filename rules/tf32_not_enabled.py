@@ -8,8 +8,8 @@ from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions, program_index, site_program_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import (FP64, LOW_PRECISION, in_code, precision_switched_off, runs_on_cuda,
-                                       training_entry_anchor)
+from gpulint.semantic.precision import (FP64, in_code, precision_switched_off, runs_on_cuda, training_entry_anchor,
+                                       uses_low_precision)
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -260,7 +260,7 @@ class Tf32NotEnabled(Rule):
         if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, FP64) for text in joined):
             return
         opt_in = None
-        if any(in_code(LOW_PRECISION, text) for text in joined):
+        if any(uses_low_precision(text) for text in joined):
             opt_in = precision_switched_off(ctx, texts)
             if opt_in is None:
                 return  # mixed precision is in effect

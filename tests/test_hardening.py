@@ -610,3 +610,43 @@ def test_a_worker_the_machine_starves_is_not_given_up(tmp_path, monkeypatch):
     without using the CPU (as on an oversubscribed machine) still finishes its file and reports its findings."""
     waiting = lambda: time.sleep(1.5)  # noqa: E731 - waiting, not computing
     assert _findings_when_train_py_is_delayed(tmp_path, monkeypatch, waiting) == [("train.py", 3, "GPU011")]
+
+
+def test_an_idle_worker_takes_over_a_file_another_parsed_ahead():
+    """Once the queue is empty, an idle worker takes the last file waiting at the worker with the most text parsed
+    ahead and not yet begun; a worker keeps the one file it lints next."""
+    from gpulint.runner import _Isolated, _Worker
+
+    pool = object.__new__(_Isolated)
+    pool.tasks = [type("Task", (), {"source": type("Source", (), {"text": "x" * size})()})()
+                  for size in (10, 10, 10, 50, 5)]
+    idle, light, heavy = (object.__new__(_Worker) for _ in range(3))
+    idle.parsed, light.parsed, heavy.parsed = [], [0, 1, 2], [3, 4]
+    for worker in (idle, light, heavy):
+        worker.parse_time = {index: 0.1 for index in worker.parsed}
+    pool.live = [idle, light, heavy]
+    assert pool._steal_for(idle) == 4 and heavy.parsed == [3] and 4 not in heavy.parse_time
+    assert pool._steal_for(idle) == 2 and light.parsed == [0, 1]
+    assert pool._steal_for(idle) == 1 and pool._steal_for(idle) is None  # each keeps the file it lints next
+
+
+def test_files_taken_over_from_another_worker_are_reported_once(tmp_path, monkeypatch):
+    """Many files parsed ahead while the call graph is built, some slow to lint: every file's findings are
+    reported exactly once whichever worker lints them."""
+    import gpulint.engine as engine
+    from gpulint.registry import rule_by_code
+    from gpulint.runner import run
+
+    original = engine.lint_text
+
+    def slow_for_some(text, path, *args, **kwargs):
+        if "slow" in path:
+            time.sleep(0.3)
+        return original(text, path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "lint_text", slow_for_some)
+    for index in range(12):
+        (tmp_path / f"{'slow' if index % 3 == 0 else 'fast'}_{index}.py").write_text(GOOD)
+    result = run([str(tmp_path)], [rule_by_code("GPU011")], jobs=2, isolate=True)
+    found = sorted(Path(d.path).name for d in result.diagnostics)
+    assert found == sorted(f"{'slow' if index % 3 == 0 else 'fast'}_{index}.py" for index in range(12))

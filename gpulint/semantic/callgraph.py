@@ -91,6 +91,8 @@ class CallSite:
     slots: tuple[str | int, ...] | None = None
     device_slots: tuple[str | int, ...] = ()
     handed: tuple[tuple[str | int, str], ...] = ()  # (slot, parameter) of the caller's parameters passed unchanged
+    # (slot, name) of arguments that are a part of a name: an item (`data[0]`, `batch["image"]`) or a field
+    parts: tuple[tuple[str | int, str], ...] = ()
 
     @property
     def loop(self) -> int:
@@ -769,10 +771,13 @@ class _Summariser:
             device_slots = () if hidden else tuple(
                 slot for slot, value in arguments if self._on_device(value, fn.device_names, fn))
             handed = tuple((slot, name) for slot, name in passed if name in fn.params and name not in fn.rebound)
+            parts = tuple((slot, part.value.id) for slot, part in arguments if isinstance(part, ast.Subscript)
+                          and isinstance(part.value, ast.Name) and isinstance(part.slice, ast.Constant))
             fn.sites.append(CallSite(target, frequency, throttled, loop_ids, passed, built, references,
                                      id(call) in read_back, tuple(self._guards), bool(values) and all(
                                          _is_number(v, self._number_names) for v in values), observed,
-                                     None if hidden else tuple(slot for slot, _ in arguments), device_slots, handed))
+                                     None if hidden else tuple(slot for slot, _ in arguments), device_slots, handed,
+                                     parts))
             started = _started_function(dotted, call) or _applied_function(dotted, call)
             if started is not None:  # `mp.Process(target=run_training, ...)`: the process runs the function
                 fn.sites.append(CallSite(_call_target(started), frequency, throttled, loop_ids,
@@ -2270,7 +2275,7 @@ class CallGraph:
                     for site in fn.sites:
                         items = {name for loop in site.loops if loop in batch_loops
                                  for name in fn.loop_targets.get(loop, ())}
-                        for slot, name in site.passed:
+                        for slot, name in (*site.passed, *site.parts):  # `train_step(batch)`, `train_step(data[0])`
                             if name not in items and (path, fn.key, name) not in found:
                                 continue
                             for callee in self.resolve(path, fn, site.target):

@@ -11,7 +11,7 @@ import libcst as cst
 
 from gpulint import Device, HotKind
 from gpulint.analysis import (BindingKind, call_arg, child_nodes, dotted_name, every_many_steps, every_n_steps, method_name,
-                             walk)
+                             registered_tensors, walk)
 from gpulint.rule import RuleContext
 from gpulint.semantic import vocab
 
@@ -499,6 +499,8 @@ class Placement:
             return self.of(node.value, depth + 1, before)
         if isinstance(node.value, cst.Name) and node.value.value == "self":
             info = self.a.enclosing_class(self.ctx.ancestors)
+            if info is not None and info.is_module and attr in registered_tensors(info):
+                return TENSOR  # `self.register_buffer("params", ...)`: a tensor that lives where its module does
             bindings = info.attrs.get(attr, []) if info else []
             if any(not _is_none(b.value) for b in bindings):  # `self.returns = None` until first set: Optional
                 bindings = [b for b in bindings if not _is_none(b.value)]
@@ -676,6 +678,9 @@ class Placement:
     def _method(self, node: cst.Call, name: str, depth: int, before: int | None) -> str | None:
         assert isinstance(node.func, cst.Attribute)
         receiver = node.func.value
+        if name == "clip_grad_norm_":  # FSDP's (and Accelerate's) own: the total norm, where the gradients are
+            moves = self.module_moves(receiver)
+            return next(iter(moves)) if len(moves) == 1 else TENSOR
         if name in _DISTRIBUTION_OUTPUTS:
             built = self._distribution(receiver, before)
             if built is not None:  # `Categorical(logits=l).sample()`: a tensor where its parameters live

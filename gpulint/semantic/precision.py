@@ -432,12 +432,28 @@ def option_off_by_default(ctx, texts: dict[str, str], name: str) -> bool:
 def in_code(pattern: re.Pattern, text: str) -> bool:
     """Does `pattern` match `text` outside its comments and docstrings? (Tokenizes only texts that match;
     remembered, as `mentions` is.)"""
+    return bool(_code_matches(pattern, text))
+
+
+@lru_cache(maxsize=1 << 16)
+def uses_low_precision(text: str) -> bool:
+    """Does `text` run mixed or low precision (LOW_PRECISION in code)? An import alone runs nothing: `from apex
+    import amp` in a `try:` that nothing uses afterwards leaves the training in fp32 (a use, `amp.initialize`,
+    `with autocast():`, matches on its own line)."""
+    return any(not _IMPORT_LINE.match(text, text.rfind("\n", 0, at) + 1) for at in _code_matches(LOW_PRECISION, text))
+
+
+_IMPORT_LINE = re.compile(r"[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import\b")
+
+
+def _code_matches(pattern: re.Pattern, text: str) -> list[int]:
+    """Where `pattern` matches `text` outside its comments and docstrings."""
     matches = [m.start() for m in quick(pattern).finditer(text)]
     if not matches:
-        return False
+        return []
     spans = _comment_and_docstring_spans(text)
     starts = [start for start, _ in spans]  # in text order: the span that may hold `at` starts last before it
-    return any((index := bisect.bisect_right(starts, at) - 1) < 0 or at >= spans[index][1] for at in matches)
+    return [at for at in matches if (index := bisect.bisect_right(starts, at) - 1) < 0 or at >= spans[index][1]]
 
 
 @lru_cache(maxsize=256)
