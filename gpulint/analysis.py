@@ -226,7 +226,6 @@ def _unwrapped_iterable(node: cst.BaseExpression | None) -> cst.BaseExpression |
 
 
 # wrappers that return a loader whose batches arrive on the device (Lightning Fabric, Hugging Face Accelerate)
-_DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_data_loader"})
 # the legacy typed constructors build CPU tensors (`torch.cuda.FloatTensor` is the CUDA family)
 LEGACY_HOST_TENSOR = re.compile(r"torch\.(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)?Tensor")
 
@@ -436,7 +435,7 @@ class FileAnalysis:
         if self._wraps_loaders is None:
             self._wraps_loaders = any(
                 isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value in _DEVICE_LOADER_WRAPPERS for n in walk(self.module, into_functions=True))
+                and n.func.attr.value in vocab.DEVICE_LOADER_WRAPPERS for n in walk(self.module, into_functions=True))
         return self._wraps_loaders
 
     # -- names -------------------------------------------------------------------------------
@@ -952,7 +951,8 @@ def _mark_hot(a: FileAnalysis, regions: list[_Region], calls: ProgramCalls | Non
             continue
         name = fn.name.value
         info = a.function_class.get(id(fn))
-        if name == "forward" and info is not None and info.is_module:
+        if name == "forward" and info is not None and info.is_module and a.key_of(fn) not in loop_trainers:
+            # (a `forward` whose loop trains is a trainer's whole run, `Trainer(nn.Module).forward()`: not per step)
             a.hot.setdefault(id(fn), HotKind.FORWARD)
         elif name == "training_step" and info is not None and info.is_module:
             a.hot.setdefault(id(fn), HotKind.STEP_FUNCTION)
@@ -1106,7 +1106,9 @@ def _repeats(loop: cst.For | cst.While) -> bool:
         return True
     iterable = loop.iter
     while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
-            vocab.COUNT_KEEPING_WRAPPERS and iterable.args:
+            (*vocab.COUNT_KEEPING_WRAPPERS, "zip") and iterable.args:
+        if dotted_name(iterable.func) == "reversed" and isinstance(iterable.args[0].value, cst.Name):
+            return True  # `for i, j in zip(reversed(seq), reversed(seq_next))`: a sampler walking its schedule back
         iterable = iterable.args[0].value
     return isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
         vocab.COUNTING_ITERABLES and not _walks_chunks(loop, iterable)
@@ -1695,7 +1697,7 @@ class Evidence:
         if depth > 4:
             return False
         if isinstance(node, cst.Call):
-            return method_name(node) in _DEVICE_LOADER_WRAPPERS and isinstance(node.func, cst.Attribute)
+            return method_name(node) in vocab.DEVICE_LOADER_WRAPPERS and isinstance(node.func, cst.Attribute)
         if isinstance(node, cst.Name):
             bindings = self.a.reaching_bindings(node.value, self.ancestors)
             return bool(bindings) and all(b.kind in (BindingKind.ASSIGN, BindingKind.UNPACK) and b.value is not None

@@ -214,6 +214,26 @@ class HostSyncInHotLoop(Rule):
             memory = Memory(4096, 0.07).cuda()
             """
         ),
+        Valid(  # a trainer written as a module: its `forward` runs the whole training, read once at its start
+            """
+            import torch
+            from torch import nn
+
+            class Trainer(nn.Module):
+                def __init__(self, model, loader):
+                    super().__init__()
+                    self.model, self.loader = model.cuda(), loader
+                    self.optimizer = torch.optim.Adam(self.model.parameters())
+                    self.register_buffer("step", torch.tensor(0))
+
+                def forward(self):
+                    start = self.step.item()
+                    for images in self.loader:
+                        self.model(images.cuda(non_blocking=True)).mean().backward()
+                        self.optimizer.step()
+                    return start
+            """
+        ),
         Invalid(  # the norm FSDP's `clip_grad_norm_` returns is a GPU tensor, read every optimizer step
             """
             import torch

@@ -187,6 +187,7 @@ class FileSummary:
     collate_functions: set[str] = field(default_factory=set)  # names passed as a DataLoader's `collate_fn`
     collate_scopes: dict[str, str] = field(default_factory=dict)  # such a name -> the function that passes it
     device_collate: bool = False  # a DataLoader's `collate_fn` is bound to a device (`partial(collate, device=d)`)
+    device_loaders: bool = False  # hands loaders to a framework that delivers device batches (`accelerator.prepare`)
     # (function name, keyword or position) of the arguments calls pass by keyword or position, `partial`'s included
     arguments_passed: set[tuple[str, str | int]] = field(default_factory=set)
     # `name = partial(function, ...)`: name -> (function, whether a `device=` is bound)
@@ -750,6 +751,8 @@ class _Summariser:
                 self.file.compiled.add(call.args[0].id)
             if vocab.last_part(dotted) == "DataLoader":
                 self._record_collate(call, fn)
+            self.file.device_loaders |= isinstance(call.func, ast.Attribute) \
+                and call.func.attr in vocab.DEVICE_LOADER_WRAPPERS
             self._record_arguments(dotted, call)
             target = _call_target(dotted)
             # (`Trainer(**kwargs)` with `kwargs = {"actor": actor, ...}` built in the function: its entries)
@@ -905,6 +908,8 @@ class _Summariser:
         self._visit_block(node.body, summary, [], False, (*owner, node.name))
         self._number_names = enclosing_numbers
         self._wrapping = enclosing_wrapping
+        if node.name == "forward" and self.file.step_loops & set(summary.loops):
+            summary.seed = Frequency.ONCE  # `Trainer(nn.Module).forward()` runs the whole training: not per step
         if returns and summary.backward_names:
             summary.returns_losses = _returned_positions(returns, summary.backward_names)
         # from the calls the walk above collected (its own, nested definitions left out)
@@ -2263,6 +2268,8 @@ class CallGraph:
         `collate_fn` moves its batches to a device may reach (a batch there may already be on the GPU)."""
         device_fed = self._fed_device_batches()
         feeding = self._feeding_training
+        # an item of a batch (`step(data[0])`) counts where no loader of the program may deliver device batches
+        items_count = not any(summary.device_loaders for summary in self.files.values())
         found: set[tuple[str, str, str]] = set()
         for _ in range(MAX_DEPTH):
             grown = set()
@@ -2275,7 +2282,7 @@ class CallGraph:
                     for site in fn.sites:
                         items = {name for loop in site.loops if loop in batch_loops
                                  for name in fn.loop_targets.get(loop, ())}
-                        for slot, name in (*site.passed, *site.parts):  # `train_step(batch)`, `train_step(data[0])`
+                        for slot, name in (*site.passed, *(site.parts if items_count else ())):
                             if name not in items and (path, fn.key, name) not in found:
                                 continue
                             for callee in self.resolve(path, fn, site.target):

@@ -44,6 +44,8 @@ TENSOR_PRESERVING_METHODS = frozenset({
     "view"})
 INDEX_NAME = re.compile(r"idx|index|indices|perm|(^|_)ids?$", re.I)  # integer indexes, not bool masks
 RETRY_NAME = re.compile(r"retr(y|ies)|attempt|tries", re.I)
+# methods handing a DataLoader to a framework that delivers its batches on the device (Fabric, Accelerate)
+DEVICE_LOADER_WRAPPERS = frozenset({"setup_dataloaders", "prepare", "prepare_data_loader"})
 COUNTING_ITERABLES = frozenset({"range", "trange", "count", "repeat", "xrange"})
 # wrappers that keep a counting loop counting (`tqdm(reversed(range(T)))`: a sampler's T steps)
 COUNT_KEEPING_WRAPPERS = frozenset({"tqdm", "enumerate", "reversed", "list"})

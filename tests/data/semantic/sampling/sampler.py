@@ -17,6 +17,13 @@ class Sampler:
         return x
 
 
+def generalized_steps(x, seq, model):  # a schedule walked back: as many network calls as timesteps
+    seq_next = [-1] + list(seq[:-1])
+    for i, j in zip(reversed(seq), reversed(seq_next)):  # hot: rollout
+        x = model(x, i) - model(x, j)
+    return x
+
+
 def main(model, conds, n_iter):
     sampler = Sampler(model)
     for n in range(n_iter):  # hot: none
