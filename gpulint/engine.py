@@ -644,12 +644,19 @@ def render(node: cst.CSTNode, module: cst.Module, indent_tokens: list[str]) -> s
     return "".join(state.tokens)
 
 
+@functools.lru_cache(maxsize=4)
+def _lines(text: str) -> list[str]:
+    """`text`'s lines with their ends, split once per file (callers must not change the list): a file with a
+    statement fix per function was split again for each, quadratic in its size."""
+    return text.splitlines(keepends=True)
+
+
 def _render_statement(old: cst.CSTNode, new: cst.CSTNode, module: cst.Module, tokens: list[str], text: str,
                       start: Position, end: Position) -> str:
     """Statement replacements: the position range excludes the leading indentation/blank lines and the last
     line's trailing comment and newline, which rendering includes; strip what lies outside the range."""
     rendered_old = render(old, module, tokens)
-    lines = text.splitlines(keepends=True)
+    lines = _lines(text)
     if start.line == end.line:
         inside = lines[start.line - 1][start.col - 1:end.col - 1]
     else:

@@ -26,6 +26,9 @@ _BATCH_NAME = re.compile(r"^(train_|per_device_train_|micro_|mini_?)?batch_?size
 # (not `num_steps`: in RL code, where it is most often written, it counts environment or training steps)
 _LENGTH_NAME = re.compile(r"^(max_)?(seq(uence)?_?len(gth)?|block_size|bptt|n_ctx|context_len(gth)?|max_len(gth)?|"
                           r"chunk_len|max_position_embeddings|n_positions|seq)$", re.I)
+# the side of the images a convolutional network is trained on (`img_size = 416`, `--image_size 256`); not
+# `input_size`, which sizes an MLP's features as often
+_IMAGE_NAME = re.compile(r"^(train_)?(img|image|crop|input_scale|load|fine)_?(size|res(olution)?)$|^resolution$", re.I)
 _LAYER_ARGS = {
     "Linear": ((0, "in_features"), (1, "out_features")),
     "LazyLinear": ((0, "out_features"),),
@@ -76,6 +79,7 @@ class _Sizes(NamedTuple):
     # products of two activations written out (`torch.bmm(q, k)`, `q @ k.transpose(-2, -1)`, an einsum): attention
     # in a network that may otherwise be convolutions
     activation_matmuls: int = 0
+    images: tuple[int, ...] = ()  # literal values of image-size settings
 
 
 @lru_cache(maxsize=4096)
@@ -86,7 +90,7 @@ def _sizes(text: str) -> _Sizes:
         return _Sizes((), (), (), (), (), 0, 0)
     layers: list[tuple[str, int | None]] = []
     settings: list[int] = []
-    sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": []}
+    sized: dict[str, list[int]] = {"width": settings, "batch": [], "length": [], "image": []}
     constants = _single_constants(tree)
     resolved: list[tuple[str, int | None]] = []  # layers again, widths written as names of constants resolved
     expansions = 0
@@ -145,7 +149,10 @@ def _sizes(text: str) -> _Sizes:
             for arg, default in zip(node.kwonlyargs, node.kw_defaults):
                 _record(sized, arg.arg, default)
     return _Sizes(tuple(layers), tuple(settings), tuple(sized["batch"]), tuple(sized["length"]), tuple(resolved),
-                  expansions, activation_matmuls)
+                  expansions, activation_matmuls, tuple(n for n in sized["image"] if _IMAGE_SIDES[0] <= n <= _IMAGE_SIDES[1]))
+
+
+_IMAGE_SIDES = (16, 4096)  # pixels per side a written image size may plausibly have
 
 
 _ACTIVATION_MATMULS = frozenset({"bmm", "baddbmm", "matmul", "einsum", "scaled_dot_product_attention"})
@@ -252,7 +259,8 @@ def _record(sized: dict[str, list[int]], name: str, value: ast.AST | None) -> No
     number = _const_int(value) if value is not None else None
     if number is None:
         return
-    for kind, pattern in (("width", _WIDTH_NAME), ("batch", _BATCH_NAME), ("length", _LENGTH_NAME)):
+    for kind, pattern in (("width", _WIDTH_NAME), ("batch", _BATCH_NAME), ("length", _LENGTH_NAME),
+                          ("image", _IMAGE_NAME)):
         if pattern.match(name):
             sized[kind].append(number)
 
@@ -366,8 +374,19 @@ def work_per_step(texts: dict[str, str]) -> Work | None:
     if convs:
         width = max([w for w in convs if w is not None] + settings, default=_CONV_DEFAULT_WIDTH)
         rows = batch * _CONV_POSITIONS
-        return Work(rows * width * width * 9, f"{batch} images x {_CONV_POSITIONS} positions (assumed) x "
+        work = Work(rows * width * width * 9, f"{batch} images x {_CONV_POSITIONS} positions (assumed) x "
                                               f"{width} x {width} channels x 3x3", True)
+        sides = [n for size in sizes for n in size.images]
+        if not sides:
+            return work
+        # the images' size is written: the first full-width convolutions run at half its side (after a stride-2
+        # stem), as wide as the narrowest written convolution past the stem
+        side = max(sides) // 2
+        narrow = min([w for w in convs if w is not None and w > _IMAGE_CHANNELS], default=_CONV_DEFAULT_WIDTH)
+        early = Work(batch * side * side * narrow * narrow * 9, f"{batch} images x {side}x{side} positions (half "
+                                                                 f"the written image size) x {narrow} x {narrow} "
+                                                                 f"channels x 3x3", True)
+        return max(work, early, key=lambda w: w.macs)
     widths = [w for _, w in layers if w is not None] + settings
     if not widths:
         return None

@@ -9,7 +9,8 @@ from gpulint.pins import torch_pinned_below
 from gpulint.program import current_text, linked_texts, mentions, reach_texts, site_program_texts
 from gpulint.rule import is_test_path
 from gpulint.semantic.modules import module_like
-from gpulint.semantic.precision import FP64, in_code, precision_switched_off, runs_on_cuda, uses_low_precision
+from gpulint.semantic.precision import (precision_switched_off, runs_in_fp64, runs_on_cuda,
+                                       uses_low_precision)
 
 _STEP_KINDS = (HotKind.STEP_LOOP, HotKind.STEP_FUNCTION)
 # the script picks its device at run time: the autocast fix follows the script's device variable
@@ -320,7 +321,7 @@ class NoAutocast(Rule):
         joined = list(texts.values())
         if not runs_on_cuda(self.ctx, texts):
             return
-        if any(mentions(_CUSTOM_KERNELS, t) for t in joined) or any(in_code(FP64, t) for t in joined):
+        if any(mentions(_CUSTOM_KERNELS, t) for t in joined) or any(runs_in_fp64(t) for t in joined):
             return  # fp64 in code (a comment mentioning it runs nothing in fp64)
         opt_in = None
         if any(uses_low_precision(t) for t in joined):

@@ -8,8 +8,8 @@ from gpulint.network_size import network_size, work_per_step
 from gpulint.pins import torch_pinned_below
 from gpulint.program import mentions, program_index, site_program_texts
 from gpulint.rule import is_test_path
-from gpulint.semantic.precision import (FP64, in_code, precision_switched_off, runs_on_cuda, training_entry_anchor,
-                                       uses_low_precision)
+from gpulint.semantic.precision import (in_code, precision_switched_off, runs_in_fp64, runs_on_cuda,
+                                       training_entry_anchor, uses_low_precision)
 
 # ---------------------------------------------------------------------------------------------
 # Program-level helpers shared by the 02x precision rules (GPU020/021/023/024/025 import them).
@@ -257,7 +257,7 @@ class Tf32NotEnabled(Rule):
         if not runs_on_cuda(ctx, texts):
             return
         # in code, not in comments or docstrings: a commented-out `allow_tf32 = True` sets nothing
-        if any(in_code(pattern, text) for pattern in (TF32_MATMUL_SET, FP64) for text in joined):
+        if any(in_code(TF32_MATMUL_SET, text) or runs_in_fp64(text) for text in joined):
             return
         opt_in = None
         if any(uses_low_precision(text) for text in joined):

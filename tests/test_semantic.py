@@ -289,6 +289,15 @@ def test_an_incidental_fp64_tensor_does_not_make_the_program_fp64(code: str) -> 
     assert not FP64.search(code)
 
 
+@pytest.mark.parametrize(("code", "fp64"), [
+    ("self.register_buffer('betas', torch.linspace(beta_1, beta_T, T).double())\n", False),  # a schedule table
+    ("model = Net().double().cuda()\n", True),
+])
+def test_an_fp64_schedule_table_is_not_fp64_training(code: str, fp64: bool) -> None:
+    from gpulint.semantic.precision import runs_in_fp64
+    assert runs_in_fp64(code) is fp64
+
+
 @pytest.mark.parametrize(("argument", "switch"), [
     ("parser.add_argument('--use_amp', type=str2bool, default=False)", "--use_amp"),
     ("parser.add_argument('--fp16', action='store_true')", "--fp16"),
@@ -404,6 +413,20 @@ def test_work_estimate_ignores_the_stem_conv() -> None:
             '    return nn.Conv3d(inplanes, planes, kernel_size=3)\n')
     work = work_per_step({"resnet.py": text})
     assert work is not None and work.convolutional and work.pays
+
+
+def test_work_estimate_reads_the_image_size() -> None:
+    """A GAN trained at batch 16 with `image_size = 64`: the first full-width convolutions run at half the written
+    side (32 x 32 positions), enough work for tensor cores; with no image size written, 16 x 16 is assumed."""
+    from gpulint.network_size import work_per_step
+    layers = ('import torch.nn as nn\n'
+              'def block(channels):\n'
+              '    return nn.Conv2d(channels, channels, 3, padding=1)\n'
+              'stem = nn.Conv2d(3, 64, 3)\n')
+    unsized = work_per_step({"gan.py": layers + 'batch_size = 16\n'})
+    sized = work_per_step({"gan.py": layers + 'batch_size = 16\nimage_size = 64\n'})
+    assert unsized is not None and not unsized.pays
+    assert sized is not None and sized.macs == 16 * 32 * 32 * 64 * 64 * 9 and sized.pays
 
 
 @pytest.mark.parametrize(("arguments", "step"), [

@@ -443,6 +443,15 @@ def uses_low_precision(text: str) -> bool:
     return any(not _IMPORT_LINE.match(text, text.rfind("\n", 0, at) + 1) for at in _code_matches(LOW_PRECISION, text))
 
 
+@lru_cache(maxsize=1 << 16)
+def runs_in_fp64(text: str) -> bool:
+    """Does `text` train in fp64 (FP64 in code)? A schedule table built in fp64 (`torch.linspace(b1, bT,
+    T).double()`, a diffusion model's betas kept as a buffer and gathered as float) is not the training's precision."""
+    return any(not _TABLE_LINE.search(text, start, text.find("\n", at) % (len(text) + 1))
+               for at in _code_matches(FP64, text) for start in [text.rfind("\n", 0, at) + 1])
+
+
+_TABLE_LINE = re.compile(r"\b(?:linspace|arange|logspace|cumprod)\(")
 _IMPORT_LINE = re.compile(r"[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import\b")
 
 
