@@ -234,6 +234,21 @@ class HostSyncInHotLoop(Rule):
                     return start
             """
         ),
+        Invalid(  # the entries of a dict of losses, each read back every step
+            """
+            import torch
+
+            def train(model, loader, optimizer, meters):
+                for images, targets in loader:
+                    loss_dict = model(images.cuda(non_blocking=True), targets.cuda(non_blocking=True))
+                    loss = sum(loss_dict.values())
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    for name, value in loss_dict.items():
+                        meters[name].add(value.item())  # error: GPU005
+            """
+        ),
         Invalid(  # the norm FSDP's `clip_grad_norm_` returns is a GPU tensor, read every optimizer step
             """
             import torch
@@ -1088,10 +1103,33 @@ class HostSyncInHotLoop(Rule):
             if severity is Severity.INFO and report_node is node and (name in ("cpu", "to", "numpy")
                                                                       or self._downloaded(node) is not None):
                 continue  # an evaluation result copied out to be saved or scored: the copy is the output
-            if (placement.may_be_on_device(value) or what == "`.item()`" and _names_a_loss(value)
-                    and placement.of(value) is None or what == "`.cpu()`" and self._unplaced_read(value, placement)) \
+            if (placement.may_be_on_device(value) or what == "`.item()`" and (
+                    _names_a_loss(value) or self._entry_of_losses(value)) and placement.of(value) is None
+                    or what == "`.cpu()`" and self._unplaced_read(value, placement)) \
                     and not collective_read_back(self.ctx, value):
                 self._emit(report_node, what, severity)
+
+    def _entry_of_losses(self, value: cst.BaseExpression) -> bool:
+        """`v` of `for k, v in loss_dict.items()` (or of a comprehension over it, or of `losses.values()`): an entry
+        of a mapping its name says holds losses, read one by one (`{k: v.item() for k, v in train_loss.items()}`)."""
+        if not isinstance(value, cst.Name):
+            return False
+        sources: list[tuple[cst.BaseExpression, tuple[int, ...]]] = []
+        for ancestor in reversed(self.ctx.ancestors):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                break
+            if isinstance(ancestor, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+                loop: cst.CompFor | None = ancestor.for_in
+                while loop is not None:
+                    path = _target_path(loop.target, value.value)
+                    if path is not None:
+                        sources.append((loop.iter, path))
+                    loop = loop.inner_for_in
+        sources += [(b.value, b.path) for b in self.ctx.analysis.reaching_bindings(value.value, self.ctx.ancestors)
+                    if b.kind is BindingKind.FOR and b.value is not None]
+        return any(isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute) and not iterable.args
+                   and (iterable.func.attr.value, path) in (("items", (1,)), ("values", ()))
+                   and is_loss_value(last_name(iterable.func.value) or "") for iterable, path in sources)
 
     def _unplaced_read(self, value: cst.BaseExpression, placement: Placement) -> bool:
         """`x.cpu()` of a value whose placement is unknown (a parameter, an attribute) in a program that trains on
@@ -1486,6 +1524,17 @@ class _Defer(cst.CSTTransformer):
 
 # reductions to one value: `gradients.norm(2, dim=1).mean().data[0]`
 _REDUCTIONS = frozenset({"mean", "sum", "norm", "max", "min", "prod"})
+
+
+def _target_path(target: cst.BaseExpression, name: str) -> tuple[int, ...] | None:
+    """Where `name` sits in a loop target: () for the target itself, (1,) for `v` in `k, v`."""
+    if isinstance(target, cst.Name):
+        return () if target.value == name else None
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for index, element in enumerate(target.elements):
+            if isinstance(element.value, cst.Name) and element.value.value == name:
+                return (index,)
+    return None
 
 
 def _names_a_loss(value: cst.BaseExpression) -> bool:
