@@ -1648,14 +1648,26 @@ class Evidence:
     def _comprehension_iterable(self, name: str) -> cst.BaseExpression | None:
         """What a comprehension around the current node iterates to bind `name` (`batch` for `t` in `[t.to(d)
         for t in batch]`)."""
+        found = self.comprehension_source(name)
+        return found[0] if found is not None and not found[1] else None
+
+    def comprehension_source(self, name: str) -> tuple[cst.BaseExpression, tuple[int, ...]] | None:
+        """(iterable, index path of `name` in the target) of the comprehension around the current node that binds
+        `name`: (`batch`, ()) for `t` in `[t.to(d) for t in batch]`, (`d.items()`, (1,)) for `v` in `{k: v.item()
+        for k, v in d.items()}` (the path of a FOR binding)."""
         for ancestor in reversed(self.ancestors):
             if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                 return None
             if isinstance(ancestor, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
                 loop: cst.CompFor | None = ancestor.for_in
                 while loop is not None:
-                    if isinstance(loop.target, cst.Name) and loop.target.value == name:
-                        return loop.iter
+                    target = loop.target
+                    if isinstance(target, cst.Name) and target.value == name:
+                        return loop.iter, ()
+                    if isinstance(target, (cst.Tuple, cst.List)):
+                        for index, element in enumerate(target.elements):
+                            if isinstance(element.value, cst.Name) and element.value.value == name:
+                                return loop.iter, (index,)
                     loop = loop.inner_for_in
         return None
 

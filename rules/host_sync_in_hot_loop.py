@@ -1114,19 +1114,10 @@ class HostSyncInHotLoop(Rule):
         of a mapping its name says holds losses, read one by one (`{k: v.item() for k, v in train_loss.items()}`)."""
         if not isinstance(value, cst.Name):
             return False
-        sources: list[tuple[cst.BaseExpression, tuple[int, ...]]] = []
-        for ancestor in reversed(self.ctx.ancestors):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                break
-            if isinstance(ancestor, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
-                loop: cst.CompFor | None = ancestor.for_in
-                while loop is not None:
-                    path = _target_path(loop.target, value.value)
-                    if path is not None:
-                        sources.append((loop.iter, path))
-                    loop = loop.inner_for_in
-        sources += [(b.value, b.path) for b in self.ctx.analysis.reaching_bindings(value.value, self.ctx.ancestors)
-                    if b.kind is BindingKind.FOR and b.value is not None]
+        comprehension = self.ctx.evidence.comprehension_source(value.value)
+        sources = [comprehension] if comprehension is not None else [
+            (b.value, b.path) for b in self.ctx.analysis.reaching_bindings(value.value, self.ctx.ancestors)
+            if b.kind is BindingKind.FOR and b.value is not None]
         return any(isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute) and not iterable.args
                    and (iterable.func.attr.value, path) in (("items", (1,)), ("values", ()))
                    and is_loss_value(last_name(iterable.func.value) or "") for iterable, path in sources)
@@ -1524,17 +1515,6 @@ class _Defer(cst.CSTTransformer):
 
 # reductions to one value: `gradients.norm(2, dim=1).mean().data[0]`
 _REDUCTIONS = frozenset({"mean", "sum", "norm", "max", "min", "prod"})
-
-
-def _target_path(target: cst.BaseExpression, name: str) -> tuple[int, ...] | None:
-    """Where `name` sits in a loop target: () for the target itself, (1,) for `v` in `k, v`."""
-    if isinstance(target, cst.Name):
-        return () if target.value == name else None
-    if isinstance(target, (cst.Tuple, cst.List)):
-        for index, element in enumerate(target.elements):
-            if isinstance(element.value, cst.Name) and element.value.value == name:
-                return (index,)
-    return None
 
 
 def _names_a_loss(value: cst.BaseExpression) -> bool:

@@ -7,7 +7,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 
 from gpulint import Invalid, MicroCheck, Rule, Safety, Severity, Valid
-from gpulint.analysis import BindingKind, call_arg, child_nodes, dotted_name, has_star_args, method_name, string_value
+from gpulint.analysis import (Binding, BindingKind, call_arg, child_nodes, dotted_name, has_star_args, method_name,
+                              string_value)
 from gpulint.pins import torch_pinned_below
 from gpulint.program import related_texts
 from gpulint.semantic.precision import option_off_by_default
@@ -333,7 +334,6 @@ class ManualAttention(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._fused_cache: dict[int, bool] = {}
-        self._flows: dict[int, _FunctionFlow] = {}
         self._loosely_reported: set[int] = set()
 
     # -- anchors: `p @ v`, `torch.matmul(p, v)`, `torch.einsum("...qk,...kd->...qd", p, v)` ---------------
@@ -348,19 +348,14 @@ class ManualAttention(Rule):
             args = [a for a in node.args if a.keyword is None]
             if len(args) == 2 and len(node.args) == 2:
                 self._check(node, args[0].value, args[1].value, None)
-        elif qual == "torch.einsum" and len(node.args) == 3 and not has_star_args(node):
-            spec = _einsum_spec(string_value(node.args[0].value))
+        elif qual == "torch.einsum" and not has_star_args(node):
+            spec = _einsum_spec(string_value(node.args[0].value)) if len(node.args) == 3 else None
             if spec is not None and spec.kind == "pv":
                 self._check(node, node.args[1].value, node.args[2].value, spec.rank)
-            elif _einsum_operands(node) is not None and _statement_position(self.ctx.ancestors) is not None:
-                switched_off = self._under_switch_off_by_default()
+            elif (found := _einsum_operands(node)) is not None and _statement_position(self.ctx.ancestors):
+                switched_off = self._under_switch_off_by_default()  # (also `einsum(spec, (a, b))`)
                 if switched_off or not self._next_to_fused_attention():
-                    self._report_loosely(node, _einsum_operands(node)[1], switched_off)  # type: ignore[index]
-        elif qual == "torch.einsum" and len(node.args) == 2 and _einsum_operands(node) is not None \
-                and _statement_position(self.ctx.ancestors) is not None:  # `einsum(spec, (a, b))`
-            switched_off = self._under_switch_off_by_default()
-            if switched_off or not self._next_to_fused_attention():
-                self._report_loosely(node, _einsum_operands(node)[1], switched_off)  # type: ignore[index]
+                    self._report_loosely(node, found[1], switched_off)
 
     # -- the match ---------------------------------------------------------------------------------------
 
@@ -462,35 +457,92 @@ class ManualAttention(Rule):
         function = next((n for n in reversed(self.ctx.ancestors) if isinstance(n, cst.FunctionDef)), None)
         if function is None:
             return
-        flow = _FunctionFlow.of(self, function)
-        statement = next(n for n in reversed(self.ctx.ancestors) if type(n) is cst.SimpleStatementLine)
+        here = self.ctx.analysis.statement_order(self.ctx.ancestors)
         for operand in operands:
             others = [o for o in operands if o is not operand]
             if any((dotted_name(o) or "").startswith("self.") for o in others):
                 continue  # weights times a parameter (talking heads mixing the heads): no attention output
-            weights = flow.softmax_origin(operand, statement)
+            weights = self._trace_back(operand, here, _softmax_goal(self), dropout=True)
             if weights is None:
                 continue
-            softmax, weight_names = weights
-            scores = flow.scores_of(softmax)
+            (softmax, softmax_order), weight_names = weights
+            scores = self._scores_of(softmax, softmax_order)
             if scores is None:
                 continue
-            product_statement, names = scores
+            product, names = scores
             params = {p.name.value for p in (*function.params.posonly_params, *function.params.params,
                                             *function.params.kwonly_params)}
             if _weights_escape([function], weight_names | names, params):
                 return  # the weights (or the scores) leave the function: SDPA cannot give them
-            if id(product_statement) in self._loosely_reported:
+            if id(product) in self._loosely_reported:
                 return
-            self._loosely_reported.add(id(product_statement))
+            self._loosely_reported.add(id(product))
             problems = ["the attention is written in a shape the rewrite does not follow (assigned in branches, "
                         "keys transposed elsewhere, or the weights on the right of the product): replace it with "
                         "`F.scaled_dot_product_attention(q, k, v, ...)` by hand"]
             if switched_off:
                 problems.append("the fused kernel is behind a switch that is off by default, so this path is the "
                                 "one that runs: turn the switch on by default")
-            self.report(product_statement, note=_problem_note(problems))
+            self.report(product, note=_problem_note(problems))
             return
+
+    def _scores_of(self, softmax: cst.Call, order: int) -> tuple[cst.BaseExpression, set[str]] | None:
+        """The product of two activations that the softmax (read at statement `order`) normalises over its key
+        dimension, and the names that held the scores; None if the softmax input is no such product."""
+        parts = _softmax_parts(self, softmax)
+        if parts is None:
+            return None
+        expr, dim = parts
+
+        def product_here(node: cst.BaseExpression, _: int) -> cst.BaseExpression | None:
+            product = _activation_product(self.ctx, node)
+            if product is None:
+                return None
+            rank, key_dims = product
+            if key_dims:  # an einsum names its key dimension: the softmax must run over it
+                return node if dim in key_dims else None
+            fits = dim == -1 or (rank is not None and dim == rank - 1) or (rank is None and dim >= 2)
+            return node if fits else None
+
+        found = self._trace_back(expr, order, product_here, dropout=False)
+        return None if found is None else (found[0], found[1])
+
+    def _trace_back(self, expr: cst.BaseExpression, order: int, goal, *, dropout: bool):
+        """Follow `expr` (read at statement `order`) back through the assignments that last bound its names, and
+        through element-wise steps (both operands of an arithmetic step), until `goal(node, its statement's
+        order)` gives a result: (that result, the names passed through). An augmented assignment (`att *= s`)
+        keeps the value it rescales; a name bound any other way (unpacked, a parameter) ends the path."""
+        names: set[str] = set()
+        pending = [(expr, order)]
+        for _ in range(32):
+            if not pending:
+                return None
+            node, at = pending.pop()
+            if isinstance(node, cst.Name):
+                binding = self._last_binding(node.value, at)
+                if binding is not None:
+                    names.add(node.value)
+                    pending.append((binding.value, binding.order))  # type: ignore[arg-type]
+                continue
+            found = goal(node, at)
+            if found is not None:
+                return found, names
+            pending.extend((inner, at) for inner in reversed(_elementwise_operands(self.ctx, node, dropout=dropout)))
+        return None
+
+    def _last_binding(self, name: str, before: int) -> Binding | None:
+        """The assignment that last gave `name` its value before statement `before`, in source order (across the
+        branches of an `if`: each computes the same kind of value), passing over augmented assignments."""
+        while True:
+            prior = [b for b in self.ctx.analysis.reaching_bindings(name, self.ctx.ancestors, before)
+                     if b.order < before]
+            if not prior:
+                return None
+            binding = prior[-1]
+            if binding.kind is BindingKind.AUGMENT:
+                before = binding.order
+                continue
+            return binding if binding.kind is BindingKind.ASSIGN and binding.value is not None else None
 
     def _next_to_fused_attention(self) -> bool:
         """In a function or class that also calls a fused kernel: the manual form is its fallback."""
@@ -992,106 +1044,9 @@ class _Tracer:
             t.problems.append("the attention weights are used after the attention")
 
 
-class _FunctionFlow:
-    """Where a name got its value in one function: the last assignment before a statement, in source order (so
-    across the branches of an `if`, which the loose match accepts: each branch computes the same kind of value)."""
-
-    def __init__(self, rule: ManualAttention, function: cst.FunctionDef) -> None:
-        self.rule = rule
-        self.ctx = rule.ctx
-        order = self.ctx.analysis.order
-        self.assignments: dict[str, list[tuple[int, cst.SimpleStatementLine, cst.BaseExpression | None]]] = {}
-        for node in _scope_nodes([function]):
-            if type(node) is not cst.SimpleStatementLine or id(node) not in order:
-                continue
-            for small in node.body:
-                if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
-                    value: cst.BaseExpression | None = small.value
-                    name = small.targets[0].target.value  # type: ignore[attr-defined]
-                elif type(small) is cst.AugAssign and type(small.target) is cst.Name:
-                    value, name = None, small.target.value  # `att *= scale`: the value it had, rescaled
-                else:
-                    for target in _flat_targets([t.target for t in getattr(small, "targets", ())]):
-                        if isinstance(target, cst.Name):  # unpacked: an origin this match does not follow
-                            self.assignments.setdefault(target.value, []).append((order[id(node)], node, _UNFOLLOWED))
-                    continue
-                self.assignments.setdefault(name, []).append((order[id(node)], node, value))
-        for found in self.assignments.values():
-            found.sort(key=lambda a: a[0])
-
-    @classmethod
-    def of(cls, rule: ManualAttention, function: cst.FunctionDef) -> "_FunctionFlow":
-        flow = rule._flows.get(id(function))
-        if flow is None:
-            flow = rule._flows[id(function)] = cls(rule, function)
-        return flow
-
-    def _origin(self, name: str, before: cst.SimpleStatementLine
-                ) -> tuple[cst.BaseExpression, cst.SimpleStatementLine] | None:
-        """The value last assigned to `name` before the statement `before` (through augmented assignments)."""
-        position = self.ctx.analysis.order.get(id(before), 0)
-        for at, statement, value in reversed(self.assignments.get(name, [])):
-            if at >= position:
-                continue
-            if value is None:
-                position = at
-                continue
-            return value, statement
-        return None
-
-    def softmax_origin(self, expr: cst.BaseExpression, statement: cst.SimpleStatementLine
-                       ) -> tuple[cst.Call, set[str]] | None:
-        """The softmax call whose output `expr` is, through dropout, views, casts and rescaling, and the names that
-        held it on the way."""
-        return self._search(expr, statement, lambda e, _: e if _softmax_parts(self.rule, e) is not None else None,
-                            dropout=True)
-
-    def scores_of(self, softmax: cst.Call) -> tuple[cst.SimpleStatementLine, set[str]] | None:
-        """The statement computing the product of two activations that the softmax normalises over its key
-        dimension, and the names that held the scores; None if the softmax input is no such product."""
-        parts = _softmax_parts(self.rule, softmax)
-        if parts is None:
-            return None
-        expr, dim = parts
-        statement = next((candidate for found in self.assignments.values() for _, candidate, value in found
-                          if value is not None and any(n is softmax for n in _iter_nodes(value))),
-                         None) or next(n for n in reversed(self.ctx.ancestors) if type(n) is cst.SimpleStatementLine)
-
-        def product_here(node: cst.BaseExpression, at: cst.SimpleStatementLine) -> cst.SimpleStatementLine | None:
-            product = _activation_product(self.ctx, node)
-            if product is None:
-                return None
-            rank, key_dims = product
-            if key_dims:  # an einsum names its key dimension: the softmax must run over it
-                return at if dim in key_dims else None
-            fits = dim == -1 or (rank is not None and dim == rank - 1) or (rank is None and dim >= 2)
-            return at if fits else None
-
-        return self._search(expr, statement, product_here, dropout=False)
-
-    def _search(self, expr: cst.BaseExpression, statement: cst.SimpleStatementLine, goal, *, dropout: bool):
-        """Follow `expr` back through assignments and element-wise steps (both operands of an arithmetic step)
-        until `goal(node, its statement)` gives a result: (that result, the names passed through)."""
-        names: set[str] = set()
-        pending = [(expr, statement)]
-        for _ in range(32):
-            if not pending:
-                return None
-            node, at = pending.pop()
-            if isinstance(node, cst.Name):
-                got = self._origin(node.value, at)
-                if got is not None:
-                    names.add(node.value)
-                    pending.append(got)
-                continue
-            found = goal(node, at)
-            if found is not None:
-                return found, names
-            pending.extend((inner, at) for inner in reversed(_elementwise_operands(self.ctx, node, dropout=dropout)))
-        return None
-
-
-_UNFOLLOWED = cst.Ellipsis()  # the origin of a name bound by unpacking: a dead end for the loose match
+def _softmax_goal(rule: ManualAttention):
+    """The goal of a trace back to a softmax call: (the call, the order of the statement holding it)."""
+    return lambda node, order: (node, order) if _softmax_parts(rule, node) is not None else None
 
 
 def _softmax_parts(rule: ManualAttention, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
